@@ -1,0 +1,277 @@
+//! The object size budget (frameworkcontroller's LargeFrameworkCompression):
+//! a payload or result whose JSON is at least `compress_over` bytes is kept
+//! gzip-compressed; a record larger than `max_object` is refused; reading a
+//! compressed blob never inflates past `max_decompressed`.
+//!
+//! Invariant enforced here: no stored blob, however crafted, can make a reader
+//! allocate more than `max_decompressed` bytes.
+
+use std::io::{Read, Write};
+
+use bincode::{Decode, Encode};
+use flate2::Compression;
+use flate2::read::GzDecoder;
+use flate2::write::GzEncoder;
+
+use crate::units::format_size;
+
+/// The three limits of the object size budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    /// JSON of this many bytes or more is stored gzip-compressed.
+    pub compress_over: usize,
+    /// The largest stored task record.
+    pub max_object: usize,
+    /// The most bytes a compressed blob may inflate to.
+    pub max_decompressed: usize,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget {
+            compress_over: 100 * 1024,
+            max_object: 1536 * 1024,
+            max_decompressed: 64 << 20,
+        }
+    }
+}
+
+/// The hard ceiling on `max_object`: records are decoded with allocation
+/// limits derived from it.
+pub const MAX_OBJECT_CEILING: usize = 64 << 20;
+
+impl Budget {
+    /// Checks that the limits make sense together.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.max_object == 0 || self.max_object > MAX_OBJECT_CEILING {
+            return Err(format!(
+                "max_object must be between 1 B and {}",
+                format_size(MAX_OBJECT_CEILING as u64)
+            ));
+        }
+        if self.max_decompressed < self.max_object {
+            return Err("max_decompressed must be at least max_object".into());
+        }
+        Ok(())
+    }
+}
+
+/// A JSON document as stored: raw, or gzip-compressed when large.
+#[derive(Clone, PartialEq, Eq, Encode, Decode, Default)]
+pub struct Blob {
+    pub compressed: bool,
+    pub bytes: Vec<u8>,
+}
+
+impl std::fmt::Debug for Blob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Blob({} bytes{})",
+            self.bytes.len(),
+            if self.compressed { ", gzip" } else { "" }
+        )
+    }
+}
+
+/// Errors of the size budget.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum BudgetError {
+    #[error("task {what} is {}{}; the object budget is {}", format_size(*size as u64), if *compressed { " after compression" } else { "" }, format_size(*budget as u64))]
+    TooLarge {
+        what: &'static str,
+        size: usize,
+        compressed: bool,
+        budget: usize,
+    },
+    #[error("compressed {what} inflates past the {} decompression limit", format_size(*limit as u64))]
+    Bomb { what: &'static str, limit: usize },
+    #[error("compressed {what} is not valid gzip: {reason}")]
+    BadGzip { what: &'static str, reason: String },
+    #[error("{what} is not valid JSON: {reason}")]
+    BadJson { what: &'static str, reason: String },
+}
+
+impl Blob {
+    /// Serializes `value` and compresses it when it reaches `compress_over`.
+    /// Refuses it when even compressed it is over `max_object`.
+    pub fn from_json(
+        what: &'static str,
+        value: &serde_json::Value,
+        budget: &Budget,
+    ) -> Result<Blob, BudgetError> {
+        let raw = serde_json::to_vec(value).map_err(|e| BudgetError::BadJson {
+            what,
+            reason: e.to_string(),
+        })?;
+        Self::from_json_bytes(what, raw, budget)
+    }
+
+    /// Like [`Blob::from_json`] for bytes already known to be JSON.
+    pub fn from_json_bytes(
+        what: &'static str,
+        raw: Vec<u8>,
+        budget: &Budget,
+    ) -> Result<Blob, BudgetError> {
+        let blob = if raw.len() >= budget.compress_over {
+            Blob {
+                compressed: true,
+                bytes: gzip(&raw),
+            }
+        } else {
+            Blob {
+                compressed: false,
+                bytes: raw,
+            }
+        };
+        if blob.bytes.len() > budget.max_object {
+            return Err(BudgetError::TooLarge {
+                what,
+                size: blob.bytes.len(),
+                compressed: blob.compressed,
+                budget: budget.max_object,
+            });
+        }
+        Ok(blob)
+    }
+
+    /// The JSON bytes, inflated if needed, never more than `max_decompressed`.
+    pub fn json_bytes(&self, what: &'static str, budget: &Budget) -> Result<Vec<u8>, BudgetError> {
+        if self.compressed {
+            gunzip_capped(what, &self.bytes, budget.max_decompressed)
+        } else {
+            Ok(self.bytes.clone())
+        }
+    }
+
+    /// The JSON value.
+    pub fn to_json(
+        &self,
+        what: &'static str,
+        budget: &Budget,
+    ) -> Result<serde_json::Value, BudgetError> {
+        let bytes = self.json_bytes(what, budget)?;
+        if bytes.is_empty() {
+            return Ok(serde_json::Value::Null);
+        }
+        serde_json::from_slice(&bytes).map_err(|e| BudgetError::BadJson {
+            what,
+            reason: e.to_string(),
+        })
+    }
+}
+
+/// gzip-compresses bytes (default level).
+pub fn gzip(raw: &[u8]) -> Vec<u8> {
+    let mut enc = GzEncoder::new(Vec::with_capacity(raw.len() / 4 + 64), Compression::default());
+    // Writing to a Vec cannot fail.
+    let _ = enc.write_all(raw);
+    enc.finish().unwrap_or_default()
+}
+
+/// Inflates gzip bytes, refusing to produce more than `limit` bytes.
+pub fn gunzip_capped(
+    what: &'static str,
+    compressed: &[u8],
+    limit: usize,
+) -> Result<Vec<u8>, BudgetError> {
+    let mut out = Vec::with_capacity(compressed.len().saturating_mul(4).min(limit));
+    let mut reader = GzDecoder::new(compressed).take(limit as u64 + 1);
+    reader
+        .read_to_end(&mut out)
+        .map_err(|e| BudgetError::BadGzip {
+            what,
+            reason: e.to_string(),
+        })?;
+    if out.len() > limit {
+        return Err(BudgetError::Bomb { what, limit });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn big_json(len: usize) -> serde_json::Value {
+        // Repetitive but not trivial: compresses well, like real status JSON.
+        let items: Vec<_> = (0..len / 40)
+            .map(|i| json!({"module": format!("m{i}"), "ok": i % 3 == 0}))
+            .collect();
+        json!(items)
+    }
+
+    #[test]
+    fn small_payloads_stay_raw_and_round_trip() {
+        let b = Budget::default();
+        let v = json!({"a": 1});
+        let blob = Blob::from_json("payload", &v, &b).unwrap();
+        assert!(!blob.compressed);
+        assert_eq!(blob.to_json("payload", &b).unwrap(), v);
+    }
+
+    #[test]
+    fn payloads_at_the_threshold_are_compressed_and_round_trip() {
+        let b = Budget::default();
+        let v = big_json(300 * 1024);
+        let raw_len = serde_json::to_vec(&v).unwrap().len();
+        assert!(raw_len >= b.compress_over);
+        let blob = Blob::from_json("payload", &v, &b).unwrap();
+        assert!(blob.compressed);
+        assert!(blob.bytes.len() < raw_len / 3);
+        assert_eq!(blob.to_json("payload", &b).unwrap(), v);
+    }
+
+    #[test]
+    fn over_budget_objects_are_refused_naming_both_sizes() {
+        let b = Budget {
+            compress_over: usize::MAX,
+            ..Budget::default()
+        };
+        let v = json!("x".repeat(2 * 1024 * 1024));
+        let err = Blob::from_json("payload", &v, &b).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "task payload is 2 MiB; the object budget is 1.5 MiB"
+        );
+        // Incompressible data over the budget even after compression.
+        let mut rng = fastrand::Rng::with_seed(7);
+        let noise: String = (0..4 * 1024 * 1024)
+            .map(|_| rng.alphanumeric())
+            .collect();
+        let err = Blob::from_json("payload", &json!(noise), &Budget::default()).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.starts_with("task payload is 3."), "{msg}");
+        assert!(
+            msg.ends_with("MiB after compression; the object budget is 1.5 MiB"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn inflating_past_the_limit_is_refused() {
+        let zeros = vec![0u8; 2 << 20];
+        let gz = gzip(&zeros);
+        let err = gunzip_capped("payload", &gz, 1 << 20).unwrap_err();
+        assert!(matches!(err, BudgetError::Bomb { .. }), "{err}");
+        assert_eq!(gunzip_capped("payload", &gz, 2 << 20).unwrap().len(), 2 << 20);
+    }
+
+    #[test]
+    fn garbage_is_reported_as_bad_gzip() {
+        let err = gunzip_capped("result", b"not gzip at all", 1024).unwrap_err();
+        assert!(err.to_string().starts_with("compressed result is not valid gzip"));
+    }
+
+    #[test]
+    fn budget_validation_rejects_nonsense() {
+        let mut b = Budget::default();
+        assert!(b.validate().is_ok());
+        b.max_object = 0;
+        assert!(b.validate().is_err());
+        b.max_object = 10;
+        b.max_decompressed = 5;
+        assert!(b.validate().is_err());
+    }
+}

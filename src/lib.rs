@@ -1,0 +1,10 @@
+//! berth: a durable, ordered task engine for edge nodes.
+//!
+//! Data flows one way: the CLI and daemon call the engine, the engine calls
+//! the store, the store frames records with the codec. See ARCHITECTURE.md.
+
+pub mod budget;
+pub mod clock;
+pub mod codec;
+pub mod task;
+pub mod units;

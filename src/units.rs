@@ -1,0 +1,122 @@
+//! Human-readable byte sizes: `100KiB`, `1.5MiB`, `64 MiB`, `4096` in, `3.1 MiB` out.
+//! Durations use `humantime` (`5s`, `10m`, `1h 30m`); this module only wraps its errors.
+
+use std::time::Duration;
+
+const UNITS: [(&str, u64); 9] = [
+    ("b", 1),
+    ("kib", 1 << 10),
+    ("mib", 1 << 20),
+    ("gib", 1 << 30),
+    ("kb", 1_000),
+    ("mb", 1_000_000),
+    ("gb", 1_000_000_000),
+    ("k", 1 << 10),
+    ("m", 1 << 20),
+];
+
+/// Parses a byte size such as `100KiB`, `1.5 MiB`, `2MB` or `4096`.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let unit = unit.trim().to_ascii_lowercase();
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("'{text}' is not a size (expected e.g. 100KiB, 1.5MiB, 4096)"))?;
+    let mult = if unit.is_empty() {
+        1
+    } else {
+        UNITS
+            .iter()
+            .find(|(u, _)| *u == unit)
+            .map(|(_, m)| *m)
+            .ok_or_else(|| {
+                format!("'{text}' has an unknown unit '{unit}' (use B, KiB, MiB, GiB, KB, MB, GB)")
+            })?
+    };
+    let bytes = value * mult as f64;
+    if !bytes.is_finite() || bytes > u64::MAX as f64 / 2.0 {
+        return Err(format!("'{text}' is too large"));
+    }
+    Ok(bytes.round() as u64)
+}
+
+/// Formats a byte count the way berth's messages show it: `512 B`, `100 KiB`, `3.1 MiB`.
+pub fn format_size(bytes: u64) -> String {
+    const STEPS: [(&str, u64); 3] = [("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+    for (name, size) in STEPS {
+        if bytes >= size {
+            let v = bytes as f64 / size as f64;
+            let s = format!("{v:.1}");
+            let s = s.strip_suffix(".0").unwrap_or(&s);
+            return format!("{s} {name}");
+        }
+    }
+    format!("{bytes} B")
+}
+
+/// Parses a duration such as `5s`, `100ms`, `10m`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text.trim())
+        .map_err(|e| format!("'{text}' is not a duration ({e}; expected e.g. 5s, 100ms, 10m)"))
+}
+
+/// Formats a duration compactly the way statuses show it: `5s`, `21.4s`, `10m`, `250ms`.
+pub fn format_duration(d: Duration) -> String {
+    let ms = d.as_millis() as u64;
+    if ms == 0 {
+        return "0s".into();
+    }
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    if ms % 60_000 == 0 && ms >= 60_000 {
+        if ms % 3_600_000 == 0 {
+            return format!("{}h", ms / 3_600_000);
+        }
+        return format!("{}m", ms / 60_000);
+    }
+    if ms % 1000 == 0 {
+        return format!("{}s", ms / 1000);
+    }
+    let s = format!("{:.1}", ms as f64 / 1000.0);
+    format!("{}s", s.strip_suffix(".0").unwrap_or(&s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_in_binary_and_decimal_units() {
+        assert_eq!(parse_size("100KiB").unwrap(), 102_400);
+        assert_eq!(parse_size("1.5MiB").unwrap(), 1_572_864);
+        assert_eq!(parse_size("64 MiB").unwrap(), 64 << 20);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("2MB").unwrap(), 2_000_000);
+        assert!(parse_size("lots").unwrap_err().contains("not a size"));
+        assert!(parse_size("3 parsecs").unwrap_err().contains("unknown unit"));
+    }
+
+    #[test]
+    fn sizes_format_with_one_decimal() {
+        assert_eq!(format_size(512), "512 B");
+        assert_eq!(format_size(102_400), "100 KiB");
+        assert_eq!(format_size(1_572_864), "1.5 MiB");
+        assert_eq!(format_size(3_250_000), "3.1 MiB");
+    }
+
+    #[test]
+    fn durations_round_trip_through_text() {
+        assert_eq!(parse_duration("5s").unwrap(), Duration::from_secs(5));
+        assert_eq!(parse_duration("10m").unwrap(), Duration::from_secs(600));
+        assert!(parse_duration("soon").is_err());
+        assert_eq!(format_duration(Duration::from_millis(21_400)), "21.4s");
+        assert_eq!(format_duration(Duration::from_secs(600)), "10m");
+        assert_eq!(format_duration(Duration::from_secs(5)), "5s");
+        assert_eq!(format_duration(Duration::from_millis(250)), "250ms");
+    }
+}
