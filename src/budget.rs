@@ -242,7 +242,7 @@ mod tests {
             .collect();
         let err = Blob::from_json("payload", &json!(noise), &Budget::default()).unwrap_err();
         let msg = err.to_string();
-        assert!(msg.starts_with("task payload is 3."), "{msg}");
+        assert!(msg.starts_with("task payload is 3"), "{msg}");
         assert!(
             msg.ends_with("MiB after compression; the object budget is 1.5 MiB"),
             "{msg}"
