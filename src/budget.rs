@@ -163,7 +163,10 @@ impl Blob {
 
 /// gzip-compresses bytes (default level).
 pub fn gzip(raw: &[u8]) -> Vec<u8> {
-    let mut enc = GzEncoder::new(Vec::with_capacity(raw.len() / 4 + 64), Compression::default());
+    let mut enc = GzEncoder::new(
+        Vec::with_capacity(raw.len() / 4 + 64),
+        Compression::default(),
+    );
     // Writing to a Vec cannot fail.
     let _ = enc.write_all(raw);
     enc.finish().unwrap_or_default()
@@ -237,9 +240,7 @@ mod tests {
         );
         // Incompressible data over the budget even after compression.
         let mut rng = fastrand::Rng::with_seed(7);
-        let noise: String = (0..4 * 1024 * 1024)
-            .map(|_| rng.alphanumeric())
-            .collect();
+        let noise: String = (0..4 * 1024 * 1024).map(|_| rng.alphanumeric()).collect();
         let err = Blob::from_json("payload", &json!(noise), &Budget::default()).unwrap_err();
         let msg = err.to_string();
         assert!(msg.starts_with("task payload is 3"), "{msg}");
@@ -255,13 +256,19 @@ mod tests {
         let gz = gzip(&zeros);
         let err = gunzip_capped("payload", &gz, 1 << 20).unwrap_err();
         assert!(matches!(err, BudgetError::Bomb { .. }), "{err}");
-        assert_eq!(gunzip_capped("payload", &gz, 2 << 20).unwrap().len(), 2 << 20);
+        assert_eq!(
+            gunzip_capped("payload", &gz, 2 << 20).unwrap().len(),
+            2 << 20
+        );
     }
 
     #[test]
     fn garbage_is_reported_as_bad_gzip() {
         let err = gunzip_capped("result", b"not gzip at all", 1024).unwrap_err();
-        assert!(err.to_string().starts_with("compressed result is not valid gzip"));
+        assert!(
+            err.to_string()
+                .starts_with("compressed result is not valid gzip")
+        );
     }
 
     #[test]

@@ -141,7 +141,10 @@ mod tests {
         for i in 0..bytes.len() * 8 {
             let mut b = bytes.clone();
             b[i / 8] ^= 1 << (i % 8);
-            assert!(decode::<crate::task::Task>(&b).is_err(), "flip of bit {i} decoded");
+            assert!(
+                decode::<crate::task::Task>(&b).is_err(),
+                "flip of bit {i} decoded"
+            );
         }
     }
 

@@ -6,5 +6,6 @@
 pub mod budget;
 pub mod clock;
 pub mod codec;
+pub mod store;
 pub mod task;
 pub mod units;

@@ -149,15 +149,26 @@ pub fn check_name(what: &str, name: &str) -> Result<(), String> {
 
 /// Checks free text (a task name or description): non-empty when required,
 /// at most `max` bytes, no control characters.
-fn check_text(field: &'static str, text: &str, required: bool, max: usize) -> Result<(), SpecError> {
+fn check_text(
+    field: &'static str,
+    text: &str,
+    required: bool,
+    max: usize,
+) -> Result<(), SpecError> {
     if required && text.is_empty() {
         return Err(spec_err(field, "must not be empty"));
     }
     if text.len() > max {
-        return Err(spec_err(field, format!("is {} bytes; at most {max} are allowed", text.len())));
+        return Err(spec_err(
+            field,
+            format!("is {} bytes; at most {max} are allowed", text.len()),
+        ));
     }
     if text.chars().any(char::is_control) {
-        return Err(spec_err(field, "must not contain control characters (newlines, tabs, ...)"));
+        return Err(spec_err(
+            field,
+            "must not contain control characters (newlines, tabs, ...)",
+        ));
     }
     Ok(())
 }
@@ -285,8 +296,10 @@ mod tests {
         .unwrap();
         assert_eq!(s.weight, Some(3));
         assert_eq!(s.target.as_deref(), Some("edge-1"));
-        let e = serde_json::from_str::<TaskSpec>(r#"{"queue":"main","kind":"K","name":"n","wieght":3}"#)
-            .unwrap_err();
+        let e = serde_json::from_str::<TaskSpec>(
+            r#"{"queue":"main","kind":"K","name":"n","wieght":3}"#,
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("wieght"));
     }
 

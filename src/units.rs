@@ -98,7 +98,11 @@ mod tests {
         assert_eq!(parse_size("4096").unwrap(), 4096);
         assert_eq!(parse_size("2MB").unwrap(), 2_000_000);
         assert!(parse_size("lots").unwrap_err().contains("not a size"));
-        assert!(parse_size("3 parsecs").unwrap_err().contains("unknown unit"));
+        assert!(
+            parse_size("3 parsecs")
+                .unwrap_err()
+                .contains("unknown unit")
+        );
     }
 
     #[test]

@@ -1,0 +1,480 @@
+//! Opening a data dir (lock, format check, index load, recovery) and reading
+//! from it. Writing goes through [`WriteTxn`](super::WriteTxn).
+//!
+//! Recovery at open: a task found `running` was interrupted by a crash; it
+//! stays where it is (at the head of its queue) with its failure count + 1
+//! and the message [`INTERRUPTED`](super::INTERRUPTED), written as a
+//! `failed` event like any other failure.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::budget::Budget;
+use crate::clock::SharedClock;
+use crate::codec;
+use crate::store::durability::{Durability, GroupCommit};
+use crate::store::error::{CorruptRecord, OpenError, ReadError, WriteError};
+use crate::store::event::{Event, INTERRUPTED};
+use crate::store::keys::{self, EVENT, HISTORY, QUEUE, TASK};
+use crate::store::lock::{DirLock, LockError, Role};
+use crate::store::order::Order;
+use crate::store::write::WriteTxn;
+use crate::task::{Status, Task};
+
+/// How to open a data dir.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub durability: Durability,
+    pub budget: Budget,
+    /// Who is opening: a daemon never waits for the lock; a command does.
+    pub role: Role,
+    /// How long to wait while another short command holds the data dir.
+    pub wait_for_lock: Duration,
+    /// Create the data dir if it does not exist.
+    pub create: bool,
+    /// sled's page cache size.
+    pub cache_bytes: u64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            durability: Durability::Sync,
+            budget: Budget::default(),
+            role: Role::Command,
+            wait_for_lock: Duration::from_secs(5),
+            create: true,
+            cache_bytes: 64 << 20,
+        }
+    }
+}
+
+pub(crate) struct Inner {
+    pub order: Order,
+    pub next_id: u64,
+    pub next_seq: u64,
+}
+
+pub struct Store {
+    pub(crate) tree: sled::Db,
+    dir: PathBuf,
+    pub(crate) inner: Mutex<Inner>,
+    pub(crate) commit: Arc<GroupCommit>,
+    pub(crate) clock: SharedClock,
+    pub(crate) budget: Budget,
+    pub(crate) durability: Durability,
+    corrupt: Vec<CorruptRecord>,
+    recovered: Vec<u64>,
+    flusher: Option<(mpsc::Sender<()>, JoinHandle<()>)>,
+    _lock: DirLock,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("dir", &self.dir).finish()
+    }
+}
+
+fn lock_dir(dir: &Path, opts: &Options) -> Result<DirLock, OpenError> {
+    let started = Instant::now();
+    loop {
+        match DirLock::try_acquire(dir, opts.role) {
+            Ok(l) => return Ok(l),
+            Err(LockError::Io(source)) => {
+                return Err(OpenError::Io {
+                    dir: dir.to_path_buf(),
+                    source,
+                });
+            }
+            Err(LockError::Held(holder)) => {
+                let waitable = opts.role == Role::Command && holder.role != Some(Role::Daemon);
+                if !waitable || started.elapsed() >= opts.wait_for_lock {
+                    return Err(OpenError::InUse {
+                        dir: dir.to_path_buf(),
+                        holder,
+                    });
+                }
+                std::thread::sleep(Duration::from_millis(10 + fastrand::u64(0..20)));
+            }
+        }
+    }
+}
+
+impl Store {
+    /// Opens (and if asked, creates) the data dir, recovering interrupted tasks.
+    pub fn open(dir: &Path, opts: Options, clock: SharedClock) -> Result<Store, OpenError> {
+        opts.budget.validate().map_err(OpenError::Options)?;
+        if !dir.exists() {
+            if !opts.create {
+                return Err(OpenError::Missing {
+                    dir: dir.to_path_buf(),
+                });
+            }
+            std::fs::create_dir_all(dir).map_err(|source| OpenError::Io {
+                dir: dir.to_path_buf(),
+                source,
+            })?;
+        }
+        let lock = lock_dir(dir, &opts)?;
+        let db_err = |source| OpenError::Database {
+            dir: dir.to_path_buf(),
+            source,
+        };
+        let tree = sled::Config::new()
+            .path(dir.join("db"))
+            .cache_capacity(opts.cache_bytes)
+            .flush_every_ms(None)
+            .mode(sled::Mode::HighThroughput)
+            .open()
+            .map_err(db_err)?;
+
+        // Format check.
+        match tree.get(keys::META_FORMAT).map_err(db_err)? {
+            None => {
+                if tree.iter().next().is_some() {
+                    return Err(OpenError::Format {
+                        dir: dir.to_path_buf(),
+                        found: "missing".into(),
+                        expected: keys::STORE_FORMAT,
+                    });
+                }
+                tree.insert(keys::META_FORMAT, codec::encode(&keys::STORE_FORMAT))
+                    .map_err(db_err)?;
+            }
+            Some(v) => match codec::decode::<u64>(&v) {
+                Ok(keys::STORE_FORMAT) => {}
+                Ok(other) => {
+                    return Err(OpenError::Format {
+                        dir: dir.to_path_buf(),
+                        found: other.to_string(),
+                        expected: keys::STORE_FORMAT,
+                    });
+                }
+                Err(e) => {
+                    return Err(OpenError::Format {
+                        dir: dir.to_path_buf(),
+                        found: format!("unreadable ({e})"),
+                        expected: keys::STORE_FORMAT,
+                    });
+                }
+            },
+        }
+
+        let mut corrupt = Vec::new();
+        let mut next_id = 1u64;
+        if let Some(v) = tree.get(keys::META_NEXT_ID).map_err(db_err)? {
+            match codec::decode::<u64>(&v) {
+                Ok(n) => next_id = n,
+                Err(e) => corrupt.push(CorruptRecord {
+                    key: "m/next_id".into(),
+                    reason: e.to_string(),
+                }),
+            }
+        }
+        for prefix in [TASK, HISTORY] {
+            if let Some((k, _)) = tree
+                .scan_prefix([prefix])
+                .next_back()
+                .transpose()
+                .map_err(db_err)?
+            {
+                if let Some(id) = keys::parse_id_key(&k) {
+                    next_id = next_id.max(id + 1);
+                }
+            }
+        }
+        let next_seq = match tree
+            .scan_prefix([EVENT])
+            .next_back()
+            .transpose()
+            .map_err(db_err)?
+        {
+            Some((k, _)) => keys::parse_id_key(&k).map_or(1, |s| s + 1),
+            None => 1,
+        };
+
+        // Queue order.
+        let mut order = Order::default();
+        for item in tree.scan_prefix([QUEUE]) {
+            let (k, v) = item.map_err(db_err)?;
+            let key = keys::key_display(&k);
+            let parsed = keys::parse_queue_key(&k)
+                .ok_or_else(|| "malformed queue key".to_string())
+                .and_then(|(q, pos)| {
+                    codec::decode::<u64>(&v)
+                        .map(|id| (q, pos, id))
+                        .map_err(|e| e.to_string())
+                });
+            match parsed {
+                Ok((q, pos, id)) => {
+                    if !order.load(q, pos, id) {
+                        corrupt.push(CorruptRecord {
+                            key,
+                            reason: format!("task {id} is in more than one queue position"),
+                        });
+                    }
+                }
+                Err(reason) => corrupt.push(CorruptRecord { key, reason }),
+            }
+        }
+
+        let commit = Arc::new(GroupCommit::default());
+        let flusher = match opts.durability {
+            Durability::Sync => None,
+            Durability::Batched { interval } => {
+                Some(spawn_flusher(tree.clone(), commit.clone(), interval))
+            }
+        };
+        let mut store = Store {
+            tree,
+            dir: dir.to_path_buf(),
+            inner: Mutex::new(Inner {
+                order,
+                next_id,
+                next_seq,
+            }),
+            commit,
+            clock,
+            budget: opts.budget,
+            durability: opts.durability,
+            corrupt,
+            recovered: Vec::new(),
+            flusher,
+            _lock: lock,
+        };
+        store.recover().map_err(|source| OpenError::Recover {
+            dir: dir.to_path_buf(),
+            source: Box::new(source),
+        })?;
+        for c in &store.corrupt {
+            log::warn!("{}: {c}", store.dir.display());
+        }
+        Ok(store)
+    }
+
+    /// Puts tasks that were running when the process died back to waiting.
+    fn recover(&mut self) -> Result<(), WriteError> {
+        let mut interrupted = Vec::new();
+        for item in self.tree.scan_prefix([TASK]) {
+            let (k, v) = item?;
+            match codec::decode::<Task>(&v) {
+                Ok(t) if t.status == Status::Running => interrupted.push(t.id),
+                Ok(_) => {}
+                Err(e) => self.corrupt.push(CorruptRecord {
+                    key: keys::key_display(&k),
+                    reason: e.to_string(),
+                }),
+            }
+        }
+        if interrupted.is_empty() {
+            return Ok(());
+        }
+        let mut txn = self.write();
+        for id in &interrupted {
+            txn.fail(*id, INTERRUPTED.to_string(), None)?;
+        }
+        txn.commit()?;
+        log::info!(
+            "{}: {} interrupted task(s) put back to wait: {:?}",
+            self.dir.display(),
+            interrupted.len(),
+            interrupted
+        );
+        self.recovered = interrupted;
+        Ok(())
+    }
+
+    /// Starts a write transaction. It holds the store's write lock until
+    /// committed or dropped (dropping discards it).
+    pub fn write(&self) -> WriteTxn<'_> {
+        WriteTxn::new(self, self.lock_inner())
+    }
+
+    pub(crate) fn lock_inner(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn flush_now(&self) -> std::io::Result<()> {
+        self.tree.flush().map(|_| ()).map_err(std::io::Error::other)
+    }
+
+    /// Flushes everything written so far to disk.
+    pub fn flush(&self) -> std::io::Result<()> {
+        self.commit.flush_all(|| self.flush_now())
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+    pub fn budget(&self) -> &Budget {
+        &self.budget
+    }
+    pub fn clock(&self) -> &SharedClock {
+        &self.clock
+    }
+    pub fn durability(&self) -> Durability {
+        self.durability
+    }
+    /// Records found corrupt when the data dir was opened.
+    pub fn corrupt_records(&self) -> &[CorruptRecord] {
+        &self.corrupt
+    }
+    /// Tasks that recovery put back to wait at open.
+    pub fn recovered(&self) -> &[u64] {
+        &self.recovered
+    }
+    /// Flushes done so far (group commit makes this far fewer than commits).
+    pub fn flush_count(&self) -> u64 {
+        self.commit.flushes()
+    }
+
+    fn read_record<T: bincode::Decode<()>>(&self, key: &[u8]) -> Result<Option<T>, ReadError> {
+        match self.tree.get(key)? {
+            None => Ok(None),
+            Some(v) => codec::decode(&v).map(Some).map_err(|e| {
+                ReadError::Corrupt(CorruptRecord {
+                    key: keys::key_display(key),
+                    reason: e.to_string(),
+                })
+            }),
+        }
+    }
+
+    /// A live task (queued or running, or a group child waiting for its parent).
+    pub fn live_task(&self, id: u64) -> Result<Option<Task>, ReadError> {
+        self.read_record(&keys::id_key(TASK, id))
+    }
+
+    /// A task from the history.
+    pub fn history_task(&self, id: u64) -> Result<Option<Task>, ReadError> {
+        self.read_record(&keys::id_key(HISTORY, id))
+    }
+
+    /// A task, live or from the history.
+    pub fn task(&self, id: u64) -> Result<Option<Task>, ReadError> {
+        match self.live_task(id)? {
+            Some(t) => Ok(Some(t)),
+            None => self.history_task(id),
+        }
+    }
+
+    /// Every live task, by id, corrupt ones as errors.
+    pub fn live_tasks(&self) -> Vec<Result<Task, CorruptRecord>> {
+        self.scan(TASK)
+    }
+
+    /// Every finished task in the history, by id.
+    pub fn history(&self) -> Vec<Result<Task, CorruptRecord>> {
+        self.scan(HISTORY)
+    }
+
+    fn scan<T: bincode::Decode<()>>(&self, prefix: u8) -> Vec<Result<T, CorruptRecord>> {
+        self.tree
+            .scan_prefix([prefix])
+            .map(|item| {
+                let (k, v) = item.map_err(|e| CorruptRecord {
+                    key: format!("{}/?", prefix as char),
+                    reason: e.to_string(),
+                })?;
+                codec::decode(&v).map_err(|e| CorruptRecord {
+                    key: keys::key_display(&k),
+                    reason: e.to_string(),
+                })
+            })
+            .collect()
+    }
+
+    /// The event log from `from_seq` on.
+    pub fn events_from(
+        &self,
+        from_seq: u64,
+    ) -> impl Iterator<Item = Result<Event, CorruptRecord>> + '_ {
+        self.tree
+            .range(keys::id_key(EVENT, from_seq)..keys::id_key(EVENT, u64::MAX))
+            .map(|item| {
+                let (k, v) = item.map_err(|e| CorruptRecord {
+                    key: "e/?".into(),
+                    reason: e.to_string(),
+                })?;
+                codec::decode::<Event>(&v).map_err(|e| CorruptRecord {
+                    key: keys::key_display(&k),
+                    reason: e.to_string(),
+                })
+            })
+    }
+
+    /// The number of the next event.
+    pub fn next_seq(&self) -> u64 {
+        self.lock_inner().next_seq
+    }
+
+    /// Ids in a queue, head first.
+    pub fn queue_ids(&self, queue: &str) -> Vec<u64> {
+        self.lock_inner().order.ids(queue)
+    }
+
+    pub fn head(&self, queue: &str) -> Option<u64> {
+        self.lock_inner().order.head(queue)
+    }
+
+    pub fn queue_len(&self, queue: &str) -> usize {
+        self.lock_inner().order.len(queue)
+    }
+
+    /// Non-empty queues with their lengths, in name order.
+    pub fn queues(&self) -> Vec<(String, usize)> {
+        self.lock_inner().order.queues()
+    }
+
+    /// The queue a task is placed in, if any.
+    pub fn queue_of(&self, id: u64) -> Option<String> {
+        self.lock_inner().order.queue_of(id).map(str::to_string)
+    }
+
+    /// Tasks placed in queues, in all.
+    pub fn queued_total(&self) -> usize {
+        self.lock_inner().order.total()
+    }
+}
+
+fn spawn_flusher(
+    tree: sled::Db,
+    commit: Arc<GroupCommit>,
+    interval: Duration,
+) -> (mpsc::Sender<()>, JoinHandle<()>) {
+    let (tx, rx) = mpsc::channel::<()>();
+    let handle = std::thread::Builder::new()
+        .name("berth-flusher".into())
+        .spawn(move || {
+            loop {
+                match rx.recv_timeout(interval) {
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                    _ => return,
+                }
+                if commit.pending() {
+                    let r = commit
+                        .flush_all(|| tree.flush().map(|_| ()).map_err(std::io::Error::other));
+                    if let Err(e) = r {
+                        log::error!("batched flush failed: {e}");
+                    }
+                }
+            }
+        })
+        .expect("spawning the flusher thread");
+    (tx, handle)
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        if let Some((tx, handle)) = self.flusher.take() {
+            drop(tx);
+            let _ = handle.join();
+        }
+        if let Err(e) = self.flush() {
+            log::error!("{}: final flush failed: {e}", self.dir.display());
+        }
+    }
+}

@@ -1,0 +1,155 @@
+//! When a write is acknowledged.
+//!
+//! `sync`: a commit returns only once a flush that began after its batch was
+//! applied has finished. Concurrent committers share flushes (group commit):
+//! one of them leads and flushes everything applied so far, the others wait
+//! for it, so N producers cost about one fsync per round, not N.
+//!
+//! `batched`: a commit returns once its batch is applied in memory; a
+//! background thread flushes every `interval`. A crash loses at most the
+//! commits of the last interval plus one flush.
+
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    Sync,
+    Batched { interval: Duration },
+}
+
+impl Default for Durability {
+    fn default() -> Self {
+        Durability::Sync
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Batches applied (a ticket counter).
+    written: u64,
+    /// Every batch up to this ticket is on disk.
+    durable: u64,
+    /// A leader is flushing now.
+    flushing: bool,
+    /// Flushes done (for tests and metrics).
+    flushes: u64,
+}
+
+/// The group-commit rendezvous.
+#[derive(Debug, Default)]
+pub struct GroupCommit {
+    state: Mutex<State>,
+    cv: Condvar,
+}
+
+impl GroupCommit {
+    /// Records that one more batch was applied; returns its ticket.
+    /// Call it right after `apply_batch`, under the store's write lock.
+    pub fn applied(&self) -> u64 {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.written += 1;
+        st.written
+    }
+
+    /// Returns once `ticket` is durable, flushing with `flush` if nobody else is.
+    pub fn wait_durable(
+        &self,
+        ticket: u64,
+        flush: impl Fn() -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if st.durable >= ticket {
+                return Ok(());
+            }
+            if !st.flushing {
+                st.flushing = true;
+                let target = st.written;
+                drop(st);
+                let result = flush();
+                st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                st.flushing = false;
+                st.flushes += 1;
+                if result.is_ok() {
+                    st.durable = st.durable.max(target);
+                }
+                self.cv.notify_all();
+                result?;
+                continue;
+            }
+            st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Flushes everything applied so far (used by the batched flusher and at close).
+    pub fn flush_all(&self, flush: impl Fn() -> std::io::Result<()>) -> std::io::Result<()> {
+        let ticket = self.state.lock().unwrap_or_else(|p| p.into_inner()).written;
+        self.wait_durable(ticket, flush)
+    }
+
+    /// Whether batches are waiting for a flush.
+    pub fn pending(&self) -> bool {
+        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.written > st.durable
+    }
+
+    pub fn flushes(&self) -> u64 {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).flushes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    #[test]
+    fn every_commit_is_on_disk_when_its_wait_returns() {
+        // A pretend disk: `memory` counts batches applied, a flush copies it to `disk`.
+        let gc = Arc::new(GroupCommit::default());
+        let memory = Arc::new(Mutex::new(0u64));
+        let disk = Arc::new(AtomicU64::new(0));
+        let threads: Vec<_> = (0..16)
+            .map(|_| {
+                let (gc, memory, disk) = (gc.clone(), memory.clone(), disk.clone());
+                std::thread::spawn(move || {
+                    for _ in 0..50 {
+                        let (mine, ticket) = {
+                            let mut m = memory.lock().unwrap();
+                            *m += 1;
+                            (*m, gc.applied())
+                        };
+                        gc.wait_durable(ticket, || {
+                            let now = *memory.lock().unwrap();
+                            std::thread::yield_now();
+                            disk.fetch_max(now, Ordering::SeqCst);
+                            Ok(())
+                        })
+                        .unwrap();
+                        assert!(disk.load(Ordering::SeqCst) >= mine);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert!(!gc.pending());
+        assert_eq!(disk.load(Ordering::SeqCst), 800);
+    }
+
+    #[test]
+    fn a_failed_flush_is_reported_and_a_later_one_can_succeed() {
+        let gc = GroupCommit::default();
+        let t = gc.applied();
+        let err = gc
+            .wait_durable(t, || Err(std::io::Error::other("disk gone")))
+            .unwrap_err();
+        assert_eq!(err.to_string(), "disk gone");
+        assert!(gc.pending());
+        gc.wait_durable(t, || Ok(())).unwrap();
+        assert!(!gc.pending());
+    }
+}

@@ -1,0 +1,95 @@
+//! The store's errors, one enum per operation: opening, reading, writing.
+//! Messages name the data dir, task or key involved and, where there is one,
+//! what to do about it.
+
+use std::path::PathBuf;
+
+use crate::budget::BudgetError;
+use crate::store::lock::{Holder, Role};
+use crate::store::order::OrderError;
+
+/// A record that failed its checks, with the key it was stored under.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("record {key} is corrupt: {reason}")]
+pub struct CorruptRecord {
+    pub key: String,
+    pub reason: String,
+}
+
+fn holder_text(h: &Holder) -> String {
+    match (h.role, h.pid) {
+        (Some(Role::Daemon), Some(pid)) => format!(" (a daemon, pid {pid})"),
+        (Some(Role::Command), Some(pid)) => format!(" (a command, pid {pid})"),
+        (_, Some(pid)) => format!(" (pid {pid})"),
+        _ => String::new(),
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("data dir {} is in use by another berth process{}", dir.display(), holder_text(holder))]
+    InUse { dir: PathBuf, holder: Holder },
+    #[error("data dir {} does not exist", dir.display())]
+    Missing { dir: PathBuf },
+    #[error("cannot use data dir {}: {source}", dir.display())]
+    Io {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot open the database in {}: {source}", dir.display())]
+    Database { dir: PathBuf, source: sled::Error },
+    #[error("data dir {} has store format {found}; this build reads format {expected} (use a matching berth)", dir.display())]
+    Format {
+        dir: PathBuf,
+        found: String,
+        expected: u64,
+    },
+    #[error("recovering data dir {}: {source}", dir.display())]
+    Recover {
+        dir: PathBuf,
+        source: Box<WriteError>,
+    },
+    #[error("invalid store options: {0}")]
+    Options(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error(transparent)]
+    Corrupt(#[from] CorruptRecord),
+    #[error("reading the database failed: {0}")]
+    Database(#[from] sled::Error),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error("no task {0}")]
+    NoSuchTask(u64),
+    #[error("task {id} is {state}; cannot {op} it")]
+    WrongState {
+        id: u64,
+        state: String,
+        op: &'static str,
+    },
+    #[error(transparent)]
+    Order(#[from] OrderError),
+    #[error("{0}")]
+    Budget(#[from] BudgetError),
+    #[error("invalid queue name: {0}")]
+    Queue(String),
+    #[error(transparent)]
+    Corrupt(#[from] CorruptRecord),
+    #[error("writing to the database failed: {0}")]
+    Database(#[from] sled::Error),
+    #[error("the change was applied but flushing it to disk failed: {0}")]
+    Flush(std::io::Error),
+}
+
+impl From<ReadError> for WriteError {
+    fn from(e: ReadError) -> Self {
+        match e {
+            ReadError::Corrupt(c) => WriteError::Corrupt(c),
+            ReadError::Database(d) => WriteError::Database(d),
+        }
+    }
+}

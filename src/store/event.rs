@@ -1,0 +1,152 @@
+//! The event log's records. Every state change is an [`Event`]; the store
+//! changes a task only by applying an event to it ([`apply`]), in the same
+//! atomic write that appends the event, so replaying the log rebuilds the
+//! state exactly (see `verify`).
+
+use bincode::{Decode, Encode};
+
+use crate::budget::Blob;
+use crate::store::order::Placement;
+use crate::task::{Status, Task};
+
+/// The message a task gets when the process died while it ran.
+pub const INTERRUPTED: &str = "interrupted: the process stopped while this task ran";
+
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub struct Event {
+    pub seq: u64,
+    /// Milliseconds since the epoch.
+    pub at: u64,
+    pub kind: EventKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub enum EventKind {
+    /// A new task; `placement` is None for a group child that waits for its parent.
+    Enqueued {
+        task: Task,
+        placement: Option<Placement>,
+    },
+    /// A waiting task was put into a queue (a group child dispatched).
+    Placed {
+        id: u64,
+        queue: String,
+        placement: Placement,
+    },
+    Started {
+        id: u64,
+    },
+    Succeeded {
+        id: u64,
+        result: Option<Blob>,
+    },
+    /// An attempt failed; the task stays queued and may run again after `delay_ms`.
+    Failed {
+        id: u64,
+        message: String,
+        delay_ms: Option<u64>,
+    },
+    /// The task goes back to waiting without a failure (repeat, keep, delay).
+    Requeued {
+        id: u64,
+        retry_at: Option<u64>,
+    },
+    /// A group parent's view of its children changed.
+    GroupUpdated {
+        id: u64,
+        name: String,
+        failures: u32,
+        message: Option<String>,
+    },
+    /// The task was deleted with no trace but this event.
+    Removed {
+        id: u64,
+    },
+    /// The task left its queue for the history with its final status.
+    MovedToHistory {
+        id: u64,
+        status: Status,
+    },
+}
+
+impl EventKind {
+    /// The task this event is about.
+    pub fn task_id(&self) -> u64 {
+        match self {
+            EventKind::Enqueued { task, .. } => task.id,
+            EventKind::Placed { id, .. }
+            | EventKind::Started { id }
+            | EventKind::Succeeded { id, .. }
+            | EventKind::Failed { id, .. }
+            | EventKind::Requeued { id, .. }
+            | EventKind::GroupUpdated { id, .. }
+            | EventKind::Removed { id }
+            | EventKind::MovedToHistory { id, .. } => *id,
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            EventKind::Enqueued { .. } => "enqueued",
+            EventKind::Placed { .. } => "placed",
+            EventKind::Started { .. } => "started",
+            EventKind::Succeeded { .. } => "succeeded",
+            EventKind::Failed { .. } => "failed",
+            EventKind::Requeued { .. } => "requeued",
+            EventKind::GroupUpdated { .. } => "group-updated",
+            EventKind::Removed { .. } => "removed",
+            EventKind::MovedToHistory { .. } => "moved-to-history",
+        }
+    }
+}
+
+/// Applies an event's effect on the task's fields (not on queue order).
+/// `Enqueued` and `Removed` create and delete tasks and are handled by the caller.
+pub fn apply(task: &mut Task, at: u64, kind: &EventKind) {
+    match kind {
+        EventKind::Enqueued { .. } | EventKind::Removed { .. } => {}
+        EventKind::Placed { queue, .. } => task.queue = queue.clone(),
+        EventKind::Started { .. } => {
+            task.status = Status::Running;
+            task.started_at = Some(at);
+            task.attempts = task.attempts.saturating_add(1);
+            task.retry_at = None;
+        }
+        EventKind::Succeeded { result, .. } => {
+            task.status = Status::Succeeded;
+            task.finished_at = Some(at);
+            if result.is_some() {
+                task.result = result.clone();
+            }
+        }
+        EventKind::Failed {
+            message, delay_ms, ..
+        } => {
+            task.status = Status::Queued;
+            task.failures = task.failures.saturating_add(1);
+            task.last_failure = Some(message.clone());
+            task.retry_at = delay_ms.map(|d| at.saturating_add(d));
+        }
+        EventKind::Requeued { retry_at, .. } => {
+            task.status = Status::Queued;
+            task.retry_at = *retry_at;
+        }
+        EventKind::GroupUpdated {
+            name,
+            failures,
+            message,
+            ..
+        } => {
+            task.name = name.clone();
+            task.failures = *failures;
+            task.last_failure = message.clone();
+        }
+        EventKind::MovedToHistory { status, .. } => {
+            task.status = *status;
+            task.retry_at = None;
+            if task.finished_at.is_none() {
+                task.finished_at = Some(at);
+            }
+        }
+    }
+}

@@ -1,0 +1,21 @@
+//! The store: berth's state in one sled tree, changed only through atomic
+//! write transactions that append to the event log in the same batch.
+//! It knows nothing of handlers or the engine.
+
+mod db;
+pub mod durability;
+mod error;
+pub mod event;
+pub mod keys;
+pub mod lock;
+pub mod order;
+pub mod verify;
+mod write;
+
+pub use db::{Options, Store};
+pub use durability::Durability;
+pub use error::{CorruptRecord, OpenError, ReadError, WriteError};
+pub use event::{Event, EventKind, INTERRUPTED};
+pub use lock::Role;
+pub use order::Placement;
+pub use write::WriteTxn;

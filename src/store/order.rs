@@ -1,0 +1,363 @@
+//! The order of every queue, held in memory and mirrored in `q` keys.
+//!
+//! A queue is a map from position (i64) to task id. Adding last or first
+//! takes a position a gap beyond the ends; adding after or before a task takes
+//! the midpoint with its neighbour; when no integer is left between two
+//! neighbours the queue is renumbered. Every change returns the key writes
+//! for the caller's batch and records how to undo it, so a failed commit
+//! leaves the index as it was.
+
+use std::collections::{BTreeMap, HashMap};
+
+use bincode::{Decode, Encode};
+
+/// Where to add a task in its queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Encode, Decode)]
+pub enum Placement {
+    Last,
+    First,
+    After(u64),
+    Before(u64),
+}
+
+const GAP: i64 = 1 << 32;
+
+/// A key change the batch must carry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyOp {
+    Put { queue: String, pos: i64, id: u64 },
+    Del { queue: String, pos: i64 },
+}
+
+/// How to take one change back.
+#[derive(Debug)]
+pub enum Undo {
+    Placed(u64),
+    Unplaced {
+        id: u64,
+        queue: String,
+        pos: i64,
+    },
+    Renumbered {
+        queue: String,
+        old: BTreeMap<i64, u64>,
+    },
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum OrderError {
+    #[error("task {0} is not in any queue")]
+    NotQueued(u64),
+    #[error("task {anchor} is in queue '{actual}', not in '{queue}'")]
+    OtherQueue {
+        anchor: u64,
+        queue: String,
+        actual: String,
+    },
+    #[error("task {0} is already in a queue")]
+    AlreadyQueued(u64),
+}
+
+#[derive(Debug, Default)]
+pub struct Order {
+    queues: BTreeMap<String, BTreeMap<i64, u64>>,
+    at: HashMap<u64, (String, i64)>,
+}
+
+impl Order {
+    /// Loads one entry read from disk. Returns false if the id was already placed.
+    pub fn load(&mut self, queue: String, pos: i64, id: u64) -> bool {
+        if self.at.contains_key(&id) {
+            return false;
+        }
+        self.queues
+            .entry(queue.clone())
+            .or_default()
+            .insert(pos, id);
+        self.at.insert(id, (queue, pos));
+        true
+    }
+
+    pub fn head(&self, queue: &str) -> Option<u64> {
+        self.queues.get(queue)?.values().next().copied()
+    }
+
+    pub fn len(&self, queue: &str) -> usize {
+        self.queues.get(queue).map_or(0, BTreeMap::len)
+    }
+
+    /// Ids of a queue, head first.
+    pub fn ids(&self, queue: &str) -> Vec<u64> {
+        self.queues
+            .get(queue)
+            .map(|q| q.values().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// Non-empty queues and their lengths, in name order.
+    pub fn queues(&self) -> Vec<(String, usize)> {
+        self.queues
+            .iter()
+            .filter(|(_, q)| !q.is_empty())
+            .map(|(n, q)| (n.clone(), q.len()))
+            .collect()
+    }
+
+    /// The queue a task is in.
+    pub fn queue_of(&self, id: u64) -> Option<&str> {
+        self.at.get(&id).map(|(q, _)| q.as_str())
+    }
+
+    pub fn total(&self) -> usize {
+        self.at.len()
+    }
+
+    /// Adds `id` to `queue` at `placement`.
+    pub fn place(
+        &mut self,
+        queue: &str,
+        id: u64,
+        placement: Placement,
+        ops: &mut Vec<KeyOp>,
+        undo: &mut Vec<Undo>,
+    ) -> Result<(), OrderError> {
+        if self.at.contains_key(&id) {
+            return Err(OrderError::AlreadyQueued(id));
+        }
+        let pos = match self.free_position(queue, placement)? {
+            Some(p) => p,
+            None => {
+                self.renumber(queue, ops, undo);
+                self.free_position(queue, placement)?
+                    .expect("a renumbered queue has room everywhere")
+            }
+        };
+        self.queues
+            .entry(queue.to_string())
+            .or_default()
+            .insert(pos, id);
+        self.at.insert(id, (queue.to_string(), pos));
+        ops.push(KeyOp::Put {
+            queue: queue.to_string(),
+            pos,
+            id,
+        });
+        undo.push(Undo::Placed(id));
+        Ok(())
+    }
+
+    /// Takes `id` out of its queue. Returns the queue it was in.
+    pub fn unplace(
+        &mut self,
+        id: u64,
+        ops: &mut Vec<KeyOp>,
+        undo: &mut Vec<Undo>,
+    ) -> Option<String> {
+        let (queue, pos) = self.at.remove(&id)?;
+        if let Some(q) = self.queues.get_mut(&queue) {
+            q.remove(&pos);
+        }
+        ops.push(KeyOp::Del {
+            queue: queue.clone(),
+            pos,
+        });
+        undo.push(Undo::Unplaced {
+            id,
+            queue: queue.clone(),
+            pos,
+        });
+        Some(queue)
+    }
+
+    /// Takes back changes, newest first.
+    pub fn rollback(&mut self, undo: Vec<Undo>) {
+        for u in undo.into_iter().rev() {
+            match u {
+                Undo::Placed(id) => {
+                    if let Some((q, pos)) = self.at.remove(&id) {
+                        if let Some(m) = self.queues.get_mut(&q) {
+                            m.remove(&pos);
+                        }
+                    }
+                }
+                Undo::Unplaced { id, queue, pos } => {
+                    self.queues
+                        .entry(queue.clone())
+                        .or_default()
+                        .insert(pos, id);
+                    self.at.insert(id, (queue, pos));
+                }
+                Undo::Renumbered { queue, old } => {
+                    for (pos, id) in &old {
+                        self.at.insert(*id, (queue.clone(), *pos));
+                    }
+                    self.queues.insert(queue, old);
+                }
+            }
+        }
+    }
+
+    /// A free position for the placement, or None when the queue needs renumbering.
+    fn free_position(&self, queue: &str, placement: Placement) -> Result<Option<i64>, OrderError> {
+        let q = self.queues.get(queue);
+        let first = q.and_then(|q| q.keys().next().copied());
+        let last = q.and_then(|q| q.keys().next_back().copied());
+        let anchor = |id: u64| -> Result<i64, OrderError> {
+            match self.at.get(&id) {
+                None => Err(OrderError::NotQueued(id)),
+                Some((aq, pos)) if aq == queue => Ok(*pos),
+                Some((aq, _)) => Err(OrderError::OtherQueue {
+                    anchor: id,
+                    queue: queue.to_string(),
+                    actual: aq.clone(),
+                }),
+            }
+        };
+        Ok(match placement {
+            Placement::Last => match last {
+                None => Some(0),
+                Some(l) => l.checked_add(GAP),
+            },
+            Placement::First => match first {
+                None => Some(0),
+                Some(f) => f.checked_sub(GAP),
+            },
+            Placement::After(a) => {
+                let p = anchor(a)?;
+                let next = q.and_then(|q| q.range(p + 1..).next().map(|(k, _)| *k));
+                match next {
+                    None => p.checked_add(GAP),
+                    Some(n) => midpoint(p, n),
+                }
+            }
+            Placement::Before(b) => {
+                let p = anchor(b)?;
+                let prev = q.and_then(|q| q.range(..p).next_back().map(|(k, _)| *k));
+                match prev {
+                    None => p.checked_sub(GAP),
+                    Some(pr) => midpoint(pr, p),
+                }
+            }
+        })
+    }
+
+    fn renumber(&mut self, queue: &str, ops: &mut Vec<KeyOp>, undo: &mut Vec<Undo>) {
+        let old = self.queues.remove(queue).unwrap_or_default();
+        let n = old.len() as i64;
+        let mut fresh = BTreeMap::new();
+        for (pos, _) in &old {
+            ops.push(KeyOp::Del {
+                queue: queue.to_string(),
+                pos: *pos,
+            });
+        }
+        for (i, id) in old.values().enumerate() {
+            let pos = (i as i64 - n / 2) * GAP;
+            fresh.insert(pos, *id);
+            self.at.insert(*id, (queue.to_string(), pos));
+            ops.push(KeyOp::Put {
+                queue: queue.to_string(),
+                pos,
+                id: *id,
+            });
+        }
+        self.queues.insert(queue.to_string(), fresh);
+        undo.push(Undo::Renumbered {
+            queue: queue.to_string(),
+            old,
+        });
+    }
+}
+
+fn midpoint(a: i64, b: i64) -> Option<i64> {
+    let m = a + (b - a) / 2;
+    (m != a && m != b).then_some(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn place(o: &mut Order, q: &str, id: u64, p: Placement) {
+        o.place(q, id, p, &mut Vec::new(), &mut Vec::new()).unwrap();
+    }
+
+    #[test]
+    fn placements_give_the_expected_order() {
+        let mut o = Order::default();
+        place(&mut o, "main", 1, Placement::Last);
+        place(&mut o, "main", 2, Placement::Last);
+        place(&mut o, "main", 3, Placement::First);
+        place(&mut o, "main", 4, Placement::After(3));
+        place(&mut o, "main", 5, Placement::Before(2));
+        assert_eq!(o.ids("main"), vec![3, 4, 1, 5, 2]);
+        assert_eq!(o.head("main"), Some(3));
+        assert_eq!(o.len("main"), 5);
+    }
+
+    #[test]
+    fn repeated_midpoints_force_a_renumber_that_keeps_order() {
+        let mut o = Order::default();
+        place(&mut o, "q", 1, Placement::Last);
+        place(&mut o, "q", 2, Placement::Last);
+        // Always insert right after 1: halves the gap every time.
+        let mut ops = Vec::new();
+        for id in 3..100 {
+            o.place("q", id, Placement::After(1), &mut ops, &mut Vec::new())
+                .unwrap();
+        }
+        let mut expected = vec![1];
+        expected.extend((3..100).rev());
+        expected.push(2);
+        assert_eq!(o.ids("q"), expected);
+        assert!(ops.len() > 97, "renumbering wrote keys");
+    }
+
+    #[test]
+    fn rollback_restores_everything() {
+        let mut o = Order::default();
+        place(&mut o, "q", 1, Placement::Last);
+        place(&mut o, "q", 2, Placement::Last);
+        let before = o.ids("q");
+        let mut undo = Vec::new();
+        let mut ops = Vec::new();
+        for id in 3..80 {
+            o.place("q", id, Placement::After(1), &mut ops, &mut undo)
+                .unwrap();
+        }
+        o.unplace(2, &mut ops, &mut undo);
+        o.rollback(undo);
+        assert_eq!(o.ids("q"), before);
+        assert_eq!(o.total(), 2);
+    }
+
+    #[test]
+    fn anchors_must_be_in_the_same_queue() {
+        let mut o = Order::default();
+        place(&mut o, "a", 1, Placement::Last);
+        let e = o
+            .place(
+                "b",
+                2,
+                Placement::After(1),
+                &mut Vec::new(),
+                &mut Vec::new(),
+            )
+            .unwrap_err();
+        assert!(matches!(e, OrderError::OtherQueue { .. }));
+        let e = o
+            .place(
+                "b",
+                2,
+                Placement::Before(9),
+                &mut Vec::new(),
+                &mut Vec::new(),
+            )
+            .unwrap_err();
+        assert_eq!(e, OrderError::NotQueued(9));
+        let e = o
+            .place("b", 1, Placement::Last, &mut Vec::new(), &mut Vec::new())
+            .unwrap_err();
+        assert_eq!(e, OrderError::AlreadyQueued(1));
+    }
+}

@@ -1,0 +1,203 @@
+//! Rebuilding state from the event log alone ([`replay`]) and checking it
+//! against the store's state ([`verify`]). The replay keeps queues as plain
+//! vectors, independent of the store's position keys, so it checks the order
+//! logic too. Offline replay of an exported log uses the same [`replay`].
+
+use std::collections::BTreeMap;
+
+use crate::store::Store;
+use crate::store::error::CorruptRecord;
+use crate::store::event::{self, Event, EventKind};
+use crate::store::order::Placement;
+use crate::task::Task;
+
+/// The state the log describes.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Model {
+    pub live: BTreeMap<u64, Task>,
+    pub history: BTreeMap<u64, Task>,
+    /// Non-empty queues, head first.
+    pub queues: BTreeMap<String, Vec<u64>>,
+    /// The sequence number of the last event applied.
+    pub last_seq: u64,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ReplayError {
+    #[error(transparent)]
+    Corrupt(#[from] CorruptRecord),
+    #[error("event {found} follows event {previous}; the log has a gap or is out of order")]
+    Gap { previous: u64, found: u64 },
+    #[error("event {seq} ({kind}) is about task {id}, which the log does not know at that point")]
+    UnknownTask {
+        seq: u64,
+        kind: &'static str,
+        id: u64,
+    },
+    #[error(
+        "event {seq} places task {id} after or before task {anchor}, which is not in queue '{queue}'"
+    )]
+    BadAnchor {
+        seq: u64,
+        id: u64,
+        anchor: u64,
+        queue: String,
+    },
+}
+
+fn place(queue: &mut Vec<u64>, id: u64, p: Placement) -> Result<(), u64> {
+    let at = match p {
+        Placement::Last => queue.len(),
+        Placement::First => 0,
+        Placement::After(a) => queue.iter().position(|x| *x == a).ok_or(a)? + 1,
+        Placement::Before(b) => queue.iter().position(|x| *x == b).ok_or(b)?,
+    };
+    queue.insert(at, id);
+    Ok(())
+}
+
+impl Model {
+    fn unqueue(&mut self, id: u64) {
+        self.queues.retain(|_, q| {
+            q.retain(|x| *x != id);
+            !q.is_empty()
+        });
+    }
+
+    /// Applies one event.
+    pub fn apply(&mut self, ev: &Event) -> Result<(), ReplayError> {
+        if self.last_seq != 0 && ev.seq != self.last_seq + 1 {
+            return Err(ReplayError::Gap {
+                previous: self.last_seq,
+                found: ev.seq,
+            });
+        }
+        self.last_seq = ev.seq;
+        let id = ev.kind.task_id();
+        let unknown = || ReplayError::UnknownTask {
+            seq: ev.seq,
+            kind: ev.kind.name(),
+            id,
+        };
+        let bad_anchor = |queue: &str, anchor| ReplayError::BadAnchor {
+            seq: ev.seq,
+            id,
+            anchor,
+            queue: queue.to_string(),
+        };
+        match &ev.kind {
+            EventKind::Enqueued { task, placement } => {
+                if let Some(p) = placement {
+                    let q = self.queues.entry(task.queue.clone()).or_default();
+                    place(q, id, *p).map_err(|a| bad_anchor(&task.queue, a))?;
+                }
+                self.live.insert(id, task.clone());
+            }
+            EventKind::Placed {
+                queue, placement, ..
+            } => {
+                let task = self.live.get_mut(&id).ok_or_else(unknown)?;
+                event::apply(task, ev.at, &ev.kind);
+                let q = self.queues.entry(queue.clone()).or_default();
+                place(q, id, *placement).map_err(|a| bad_anchor(queue, a))?;
+            }
+            EventKind::Removed { .. } => {
+                if self.live.remove(&id).is_none() && self.history.remove(&id).is_none() {
+                    return Err(unknown());
+                }
+                self.unqueue(id);
+            }
+            EventKind::MovedToHistory { .. } => {
+                let mut task = self.live.remove(&id).ok_or_else(unknown)?;
+                event::apply(&mut task, ev.at, &ev.kind);
+                self.history.insert(id, task);
+                self.unqueue(id);
+            }
+            other => {
+                let task = self.live.get_mut(&id).ok_or_else(unknown)?;
+                event::apply(task, ev.at, other);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Rebuilds the state from a sequence of events.
+pub fn replay(
+    events: impl IntoIterator<Item = Result<Event, CorruptRecord>>,
+) -> Result<Model, ReplayError> {
+    let mut m = Model::default();
+    for ev in events {
+        m.apply(&ev?)?;
+    }
+    Ok(m)
+}
+
+/// The state as the store holds it, in the model's shape.
+pub fn current(store: &Store) -> Result<Model, CorruptRecord> {
+    let mut m = Model {
+        last_seq: store.next_seq() - 1,
+        ..Model::default()
+    };
+    for t in store.live_tasks() {
+        let t = t?;
+        m.live.insert(t.id, t);
+    }
+    for t in store.history() {
+        let t = t?;
+        m.history.insert(t.id, t);
+    }
+    for (q, _) in store.queues() {
+        m.queues.insert(q.clone(), store.queue_ids(&q));
+    }
+    Ok(m)
+}
+
+/// Replays the store's whole log and lists where it disagrees with the state.
+/// An empty list means they agree.
+pub fn verify(store: &Store) -> Result<Vec<String>, ReplayError> {
+    let model = replay(store.events_from(1))?;
+    let state = current(store)?;
+    let mut diffs = Vec::new();
+    if model.last_seq != state.last_seq {
+        diffs.push(format!(
+            "the log ends at event {} but the store expects {}",
+            model.last_seq, state.last_seq
+        ));
+    }
+    diff_maps("live task", &model.live, &state.live, &mut diffs);
+    diff_maps("finished task", &model.history, &state.history, &mut diffs);
+    let names: std::collections::BTreeSet<_> =
+        model.queues.keys().chain(state.queues.keys()).collect();
+    for q in names {
+        let (a, b) = (model.queues.get(q), state.queues.get(q));
+        if a != b {
+            diffs.push(format!(
+                "queue '{q}': the log says {:?}, the state has {:?}",
+                a.cloned().unwrap_or_default(),
+                b.cloned().unwrap_or_default()
+            ));
+        }
+    }
+    Ok(diffs)
+}
+
+fn diff_maps(
+    what: &str,
+    log: &BTreeMap<u64, Task>,
+    state: &BTreeMap<u64, Task>,
+    diffs: &mut Vec<String>,
+) {
+    for (id, t) in log {
+        match state.get(id) {
+            None => diffs.push(format!("{what} {id} is in the log but not in the state")),
+            Some(s) if s != t => diffs.push(format!("{what} {id} differs: log {t:?}, state {s:?}")),
+            _ => {}
+        }
+    }
+    for id in state.keys() {
+        if !log.contains_key(id) {
+            diffs.push(format!("{what} {id} is in the state but not in the log"));
+        }
+    }
+}

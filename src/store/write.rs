@@ -1,0 +1,451 @@
+//! Write transactions: the only way berth's state changes.
+//!
+//! A [`WriteTxn`] holds the store's write lock, stages task changes in an
+//! overlay and queue-order changes in the index (with an undo log), and
+//! records one [`Event`] per change. Every change to a task is made by
+//! applying its event ([`event::apply`]), so the state cannot say what the
+//! log does not. `commit` writes tasks, order keys and events in one sled
+//! `apply_batch`, then waits for durability as the store's mode says.
+//! Dropping a transaction without committing discards all of it.
+
+use std::collections::BTreeMap;
+use std::sync::MutexGuard;
+
+use crate::budget::Blob;
+use crate::codec;
+use crate::store::db::{Inner, Store};
+use crate::store::durability::Durability;
+use crate::store::error::{CorruptRecord, WriteError};
+use crate::store::event::{self, Event, EventKind};
+use crate::store::keys::{self, EVENT, HISTORY, TASK};
+use crate::store::order::{KeyOp, Placement, Undo};
+use crate::task::{Status, Task, check_name};
+
+/// Where a task's record lives (or lived when the transaction began).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Home {
+    New,
+    Live,
+    History,
+}
+
+#[derive(Debug)]
+struct Slot {
+    origin: Home,
+    /// None once removed.
+    task: Option<Task>,
+    home: Home,
+}
+
+/// What a commit did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Receipt {
+    /// The sequence number of the last event written (0 if none).
+    pub last_seq: u64,
+    pub events: usize,
+}
+
+pub struct WriteTxn<'s> {
+    store: &'s Store,
+    inner: Option<MutexGuard<'s, Inner>>,
+    now: u64,
+    slots: BTreeMap<u64, Slot>,
+    ops: Vec<KeyOp>,
+    undo: Vec<Undo>,
+    events: Vec<Event>,
+    next_id: u64,
+    next_seq: u64,
+    first_new_id: u64,
+}
+
+impl<'s> WriteTxn<'s> {
+    pub(crate) fn new(store: &'s Store, inner: MutexGuard<'s, Inner>) -> Self {
+        let (next_id, next_seq) = (inner.next_id, inner.next_seq);
+        WriteTxn {
+            store,
+            now: store.clock.now_ms(),
+            inner: Some(inner),
+            slots: BTreeMap::new(),
+            ops: Vec::new(),
+            undo: Vec::new(),
+            events: Vec::new(),
+            next_id,
+            next_seq,
+            first_new_id: next_id,
+        }
+    }
+
+    fn inner(&mut self) -> &mut Inner {
+        self.inner
+            .as_mut()
+            .expect("a live transaction holds the lock")
+    }
+
+    /// The time this transaction stamps on its events.
+    pub fn now(&self) -> u64 {
+        self.now
+    }
+
+    /// Reserves a task id (for a group parent whose children must name it).
+    pub fn allocate_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    fn slot(&mut self, id: u64) -> Result<&mut Slot, WriteError> {
+        if !self.slots.contains_key(&id) {
+            let (home, task) = match self.read(TASK, id)? {
+                Some(t) => (Home::Live, t),
+                None => match self.read(HISTORY, id)? {
+                    Some(t) => (Home::History, t),
+                    None => return Err(WriteError::NoSuchTask(id)),
+                },
+            };
+            self.slots.insert(
+                id,
+                Slot {
+                    origin: home,
+                    task: Some(task),
+                    home,
+                },
+            );
+        }
+        match self.slots.get_mut(&id) {
+            Some(s) if s.task.is_some() => Ok(s),
+            _ => Err(WriteError::NoSuchTask(id)),
+        }
+    }
+
+    fn read(&self, prefix: u8, id: u64) -> Result<Option<Task>, WriteError> {
+        let key = keys::id_key(prefix, id);
+        match self.store.tree.get(key)? {
+            None => Ok(None),
+            Some(v) => codec::decode(&v).map(Some).map_err(|e| {
+                WriteError::Corrupt(CorruptRecord {
+                    key: keys::key_display(&key),
+                    reason: e.to_string(),
+                })
+            }),
+        }
+    }
+
+    /// The task as this transaction sees it.
+    pub fn task(&mut self, id: u64) -> Result<&Task, WriteError> {
+        let slot = self.slot(id)?;
+        Ok(slot
+            .task
+            .as_ref()
+            .expect("slot() returns only present tasks"))
+    }
+
+    /// Whether the task is live (not in the history, not removed).
+    pub fn is_live(&mut self, id: u64) -> Result<bool, WriteError> {
+        Ok(self.slot(id)?.home != Home::History)
+    }
+
+    fn push_event(&mut self, kind: EventKind) -> Result<(), WriteError> {
+        let seq = self.next_seq;
+        let at = self.now;
+        let id = kind.task_id();
+        if !matches!(kind, EventKind::Enqueued { .. } | EventKind::Removed { .. }) {
+            let slot = self.slot(id)?;
+            let task = slot
+                .task
+                .as_mut()
+                .expect("slot() returns only present tasks");
+            event::apply(task, at, &kind);
+        }
+        self.next_seq += 1;
+        self.events.push(Event { seq, at, kind });
+        Ok(())
+    }
+
+    fn live(&mut self, id: u64, op: &'static str) -> Result<&Task, WriteError> {
+        let slot = self.slot(id)?;
+        if slot.home == Home::History {
+            let state = slot.task.as_ref().map_or("gone", |t| t.status.as_str());
+            return Err(WriteError::WrongState {
+                id,
+                state: format!("finished ({state})"),
+                op,
+            });
+        }
+        Ok(slot.task.as_ref().expect("present"))
+    }
+
+    /// Adds a new task. `placement` None keeps it out of every queue (a group
+    /// child waiting for its parent). Returns its id.
+    pub fn enqueue(
+        &mut self,
+        mut task: Task,
+        placement: Option<Placement>,
+    ) -> Result<u64, WriteError> {
+        check_name("queue", &task.queue).map_err(WriteError::Queue)?;
+        if task.id == 0 {
+            task.id = self.allocate_id();
+        } else if task.id < self.first_new_id
+            || task.id >= self.next_id
+            || self.slots.contains_key(&task.id)
+        {
+            return Err(WriteError::WrongState {
+                id: task.id,
+                state: "not an id reserved by this transaction".into(),
+                op: "enqueue",
+            });
+        }
+        task.status = Status::Queued;
+        let size = codec::encode(&task).len();
+        let budget = self.store.budget.max_object;
+        if size > budget {
+            return Err(WriteError::Budget(crate::budget::BudgetError::TooLarge {
+                what: "record",
+                size,
+                compressed: task.payload.compressed,
+                budget,
+            }));
+        }
+        let id = task.id;
+        if let Some(p) = placement {
+            let queue = task.queue.clone();
+            let (ops, undo) = (&mut self.ops, &mut self.undo);
+            self.inner
+                .as_mut()
+                .expect("live txn")
+                .order
+                .place(&queue, id, p, ops, undo)?;
+        }
+        self.slots.insert(
+            id,
+            Slot {
+                origin: Home::New,
+                task: Some(task.clone()),
+                home: Home::Live,
+            },
+        );
+        self.push_event(EventKind::Enqueued { task, placement })?;
+        Ok(id)
+    }
+
+    /// Puts a live task that is in no queue into `queue`.
+    pub fn place(&mut self, id: u64, queue: &str, placement: Placement) -> Result<(), WriteError> {
+        check_name("queue", queue).map_err(WriteError::Queue)?;
+        self.live(id, "place")?;
+        let (ops, undo) = (&mut self.ops, &mut self.undo);
+        self.inner
+            .as_mut()
+            .expect("live txn")
+            .order
+            .place(queue, id, placement, ops, undo)?;
+        self.push_event(EventKind::Placed {
+            id,
+            queue: queue.to_string(),
+            placement,
+        })
+    }
+
+    fn expect_status(&mut self, id: u64, want: Status, op: &'static str) -> Result<(), WriteError> {
+        let t = self.live(id, op)?;
+        if t.status != want {
+            return Err(WriteError::WrongState {
+                id,
+                state: t.status.as_str().into(),
+                op,
+            });
+        }
+        Ok(())
+    }
+
+    /// Marks a queued task running.
+    pub fn start(&mut self, id: u64) -> Result<(), WriteError> {
+        self.expect_status(id, Status::Queued, "start")?;
+        self.push_event(EventKind::Started { id })
+    }
+
+    /// Marks a running task succeeded (it stays live until moved to history).
+    pub fn succeed(&mut self, id: u64, result: Option<Blob>) -> Result<(), WriteError> {
+        self.expect_status(id, Status::Running, "mark succeeded")?;
+        self.push_event(EventKind::Succeeded { id, result })
+    }
+
+    /// Records a failed attempt: the task waits again, `delay_ms` at least.
+    pub fn fail(
+        &mut self,
+        id: u64,
+        message: String,
+        delay_ms: Option<u64>,
+    ) -> Result<(), WriteError> {
+        self.live(id, "mark failed")?;
+        self.push_event(EventKind::Failed {
+            id,
+            message,
+            delay_ms,
+        })
+    }
+
+    /// Puts a task back to waiting without counting a failure.
+    pub fn requeue(&mut self, id: u64, retry_at: Option<u64>) -> Result<(), WriteError> {
+        self.live(id, "requeue")?;
+        self.push_event(EventKind::Requeued { id, retry_at })
+    }
+
+    /// Updates a group parent's name, failure count and message.
+    pub fn update_group(
+        &mut self,
+        id: u64,
+        name: String,
+        failures: u32,
+        message: Option<String>,
+    ) -> Result<(), WriteError> {
+        self.live(id, "update")?;
+        self.push_event(EventKind::GroupUpdated {
+            id,
+            name,
+            failures,
+            message,
+        })
+    }
+
+    /// Moves a task out of its queue into the history with its final status.
+    pub fn to_history(&mut self, id: u64, status: Status) -> Result<(), WriteError> {
+        self.live(id, "move to history")?;
+        let (ops, undo) = (&mut self.ops, &mut self.undo);
+        self.inner
+            .as_mut()
+            .expect("live txn")
+            .order
+            .unplace(id, ops, undo);
+        self.push_event(EventKind::MovedToHistory { id, status })?;
+        self.slot(id)?.home = Home::History;
+        Ok(())
+    }
+
+    /// Deletes a task (and, for a group parent, its children). A group child
+    /// cannot be removed on its own. Returns the ids removed.
+    pub fn remove(&mut self, id: u64) -> Result<Vec<u64>, WriteError> {
+        let task = self.task(id)?.clone();
+        if let Some(parent) = task.parent {
+            if self.slot(parent).is_ok() {
+                return Err(WriteError::WrongState {
+                    id,
+                    state: format!("part of group {parent}"),
+                    op: "remove (remove the group instead)",
+                });
+            }
+        }
+        let mut removed = Vec::new();
+        for child in task.children.iter().copied() {
+            if self.slot(child).is_ok() {
+                removed.extend(self.remove_one(child)?);
+            }
+        }
+        removed.extend(self.remove_one(id)?);
+        Ok(removed)
+    }
+
+    fn remove_one(&mut self, id: u64) -> Result<Vec<u64>, WriteError> {
+        let (ops, undo) = (&mut self.ops, &mut self.undo);
+        self.inner
+            .as_mut()
+            .expect("live txn")
+            .order
+            .unplace(id, ops, undo);
+        self.push_event(EventKind::Removed { id })?;
+        self.slot(id)?.task = None;
+        Ok(vec![id])
+    }
+
+    /// Number of events staged.
+    pub fn len(&self) -> usize {
+        self.events.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+    }
+
+    /// Writes everything in one atomic batch and waits as the durability mode says.
+    pub fn commit(mut self) -> Result<Receipt, WriteError> {
+        if self.events.is_empty() {
+            return Ok(Receipt {
+                last_seq: 0,
+                events: 0,
+            });
+        }
+        let mut batch = sled::Batch::default();
+        for op in &self.ops {
+            match op {
+                KeyOp::Put { queue, pos, id } => {
+                    batch.insert(keys::queue_key(queue, *pos), codec::encode(id))
+                }
+                KeyOp::Del { queue, pos } => batch.remove(keys::queue_key(queue, *pos)),
+            }
+        }
+        for (id, slot) in &self.slots {
+            let origin_key = match slot.origin {
+                Home::New => None,
+                Home::Live => Some(keys::id_key(TASK, *id)),
+                Home::History => Some(keys::id_key(HISTORY, *id)),
+            };
+            let target_key = match (&slot.task, slot.home) {
+                (None, _) => None,
+                (Some(_), Home::History) => Some(keys::id_key(HISTORY, *id)),
+                (Some(_), _) => Some(keys::id_key(TASK, *id)),
+            };
+            if let Some(k) = origin_key {
+                if Some(k) != target_key {
+                    batch.remove(&k[..]);
+                }
+            }
+            if let (Some(k), Some(task)) = (target_key, &slot.task) {
+                let bytes = codec::encode(task);
+                if bytes.len() > codec::MAX_RECORD_BYTES {
+                    return Err(WriteError::Budget(crate::budget::BudgetError::TooLarge {
+                        what: "record",
+                        size: bytes.len(),
+                        compressed: false,
+                        budget: codec::MAX_RECORD_BYTES,
+                    }));
+                }
+                batch.insert(&k[..], bytes);
+            }
+        }
+        for ev in &self.events {
+            batch.insert(&keys::id_key(EVENT, ev.seq)[..], codec::encode(ev));
+        }
+        if self.next_id != self.first_new_id {
+            batch.insert(keys::META_NEXT_ID, codec::encode(&self.next_id));
+        }
+        self.store.tree.apply_batch(batch)?;
+        let ticket = self.store.commit.applied();
+        let receipt = Receipt {
+            last_seq: self.next_seq - 1,
+            events: self.events.len(),
+        };
+        {
+            let (next_id, next_seq) = (self.next_id, self.next_seq);
+            let inner = self.inner();
+            inner.next_id = next_id;
+            inner.next_seq = next_seq;
+        }
+        self.undo.clear();
+        self.inner = None; // release the write lock before waiting for the disk
+        if self.store.durability == Durability::Sync {
+            let store = self.store;
+            store
+                .commit
+                .wait_durable(ticket, || store.flush_now())
+                .map_err(WriteError::Flush)?;
+        }
+        Ok(receipt)
+    }
+}
+
+impl Drop for WriteTxn<'_> {
+    fn drop(&mut self) {
+        if let Some(inner) = self.inner.as_mut() {
+            let undo = std::mem::take(&mut self.undo);
+            inner.order.rollback(undo);
+        }
+    }
+}
