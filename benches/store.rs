@@ -1,1 +1,245 @@
-fn main() {}
+//! Store throughput: sync-mode enqueue against a bare sled insert+flush
+//! yardstick, group commit with many producers, and payload compression.
+//!
+//! Run with `cargo bench --bench store`. Every figure is one line:
+//! `bench: NAME VALUE UNIT`. Each measurement runs for a fixed wall time.
+
+use std::sync::Barrier;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use berth::budget::{Blob, Budget};
+use berth::store::{Durability, Options, Placement, Store};
+use berth::task::TaskSpec;
+use serde_json::json;
+
+/// Wall time of each timed run.
+const RUN: Duration = Duration::from_millis(2500);
+/// Untimed warm-up before each run.
+const WARMUP: Duration = Duration::from_millis(300);
+
+fn figure(name: &str, value: f64, unit: &str) {
+    let v = if value >= 100.0 {
+        format!("{value:.0}")
+    } else {
+        format!("{value:.2}")
+    };
+    println!("bench: {name} {v} {unit}");
+}
+
+/// A fresh data dir under the system temp dir (set TMPDIR to measure another
+/// disk; a tmpfs /tmp makes every flush free).
+fn data_dir() -> tempfile::TempDir {
+    tempfile::tempdir().expect("creating a temp dir")
+}
+
+/// The yardstick: bare sled, one ~200-byte insert and one flush per op.
+fn sled_raw_insert_flush() -> f64 {
+    let dir = data_dir();
+    let db = sled::open(dir.path().join("db")).expect("sled::open");
+    let mut value = vec![0u8; 200];
+    fastrand::Rng::with_seed(1).fill(&mut value);
+    let mut key = 0u64;
+    let mut op = |key: &mut u64| {
+        *key += 1;
+        value[..8].copy_from_slice(&key.to_le_bytes());
+        db.insert(key.to_be_bytes(), &value[..]).expect("insert");
+        db.flush().expect("flush");
+    };
+    let warm = Instant::now();
+    while warm.elapsed() < WARMUP {
+        op(&mut key);
+    }
+    let start = Instant::now();
+    let mut n = 0u64;
+    while start.elapsed() < RUN {
+        op(&mut key);
+        n += 1;
+    }
+    n as f64 / start.elapsed().as_secs_f64()
+}
+
+fn open_store(dir: &std::path::Path) -> Store {
+    Store::open(
+        dir,
+        Options {
+            durability: Durability::Sync,
+            ..Options::default()
+        },
+        berth::clock::system(),
+    )
+    .expect("Store::open")
+}
+
+fn enqueue_one(store: &Store, i: u64) {
+    let spec = TaskSpec {
+        queue: "main".into(),
+        kind: "ModuleRun".into(),
+        name: format!("task-{i}"),
+        payload: json!({ "i": i }),
+        ..Default::default()
+    };
+    let task = spec
+        .into_task(store.clock().now_ms(), store.budget())
+        .expect("into_task");
+    let mut w = store.write();
+    w.enqueue(task, Some(Placement::Last)).expect("enqueue");
+    w.commit().expect("commit");
+}
+
+/// `producers` threads, each enqueuing one task per commit and waiting for
+/// its ack before the next. Returns (tasks/s, commits per flush).
+fn enqueue_sync(producers: usize) -> (f64, f64) {
+    let dir = data_dir();
+    let store = open_store(dir.path());
+    let stop = AtomicBool::new(false);
+    let counting = AtomicBool::new(false);
+    let done = AtomicU64::new(0);
+    let barrier = Barrier::new(producers + 1);
+    let (elapsed, flushes) = std::thread::scope(|s| {
+        for p in 0..producers {
+            let (store, stop, counting, done, barrier) =
+                (&store, &stop, &counting, &done, &barrier);
+            s.spawn(move || {
+                barrier.wait();
+                let mut i = (p as u64) << 40;
+                while !stop.load(Ordering::Relaxed) {
+                    enqueue_one(store, i);
+                    i += 1;
+                    if counting.load(Ordering::Relaxed) {
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+        barrier.wait();
+        std::thread::sleep(WARMUP);
+        let flushes_before = store.flush_count();
+        let start = Instant::now();
+        counting.store(true, Ordering::Relaxed);
+        std::thread::sleep(RUN);
+        counting.store(false, Ordering::Relaxed);
+        let elapsed = start.elapsed();
+        let flushes = store.flush_count() - flushes_before;
+        stop.store(true, Ordering::Relaxed);
+        (elapsed, flushes)
+    });
+    let n = done.load(Ordering::Relaxed);
+    (
+        n as f64 / elapsed.as_secs_f64(),
+        n as f64 / flushes.max(1) as f64,
+    )
+}
+
+/// About 1 MiB of status-like JSON: modules with names, flags, numbers,
+/// versions and checksums (the checksums keep it from compressing trivially).
+fn realistic_json(target: usize) -> serde_json::Value {
+    let mut rng = fastrand::Rng::with_seed(42);
+    let words = [
+        "cert-manager",
+        "ingress-nginx",
+        "prometheus",
+        "node-local-dns",
+        "cni-cilium",
+        "control-plane-manager",
+        "descheduler",
+        "log-shipper",
+        "user-authn",
+        "flow-schema",
+    ];
+    let mut items = Vec::new();
+    let mut len = 2;
+    let mut i = 0u64;
+    while len < target {
+        let hex: String = (0..40)
+            .map(|_| char::from_digit(rng.u32(0..16), 16).unwrap())
+            .collect();
+        let item = json!({
+            "module": format!("{}-{}", words[rng.usize(0..words.len())], i),
+            "enabled": rng.bool(),
+            "phase": ["Ready", "Pending", "Failed"][rng.usize(0..3)],
+            "weight": rng.u32(0..1000),
+            "replicas": rng.u8(1..6),
+            "version": format!("v1.{}.{}", rng.u8(0..40), rng.u8(0..20)),
+            "checksum": hex,
+            "flags": {"helm": rng.bool(), "hooks": rng.u8(0..12), "crds": rng.bool()},
+            "tags": ["edge", format!("zone-{}", rng.u8(0..8))],
+            "updatedAt": 1_700_000_000_000u64 + rng.u64(0..10_000_000_000),
+        });
+        len += serde_json::to_vec(&item).unwrap().len() + 1;
+        items.push(item);
+        i += 1;
+    }
+    json!(items)
+}
+
+/// MiB of JSON input per second through `Blob::from_json` (serialize + gzip).
+fn compress_1mib_json() -> f64 {
+    let value = realistic_json(1 << 20);
+    let raw_len = serde_json::to_vec(&value).unwrap().len();
+    let budget = Budget::default();
+    let blob = Blob::from_json("payload", &value, &budget).expect("from_json");
+    assert!(blob.compressed, "a 1 MiB payload must be compressed");
+    let warm = Instant::now();
+    while warm.elapsed() < WARMUP {
+        std::hint::black_box(Blob::from_json("payload", &value, &budget).unwrap());
+    }
+    let start = Instant::now();
+    let mut n = 0u64;
+    while start.elapsed() < RUN {
+        std::hint::black_box(Blob::from_json("payload", &value, &budget).unwrap());
+        n += 1;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    figure(
+        "compress_1mib_json_ratio",
+        raw_len as f64 / blob.bytes.len() as f64,
+        "x",
+    );
+    (raw_len as f64 * n as f64 / (1 << 20) as f64) / elapsed
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; a name filter, if given, selects figures.
+    let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let want = |name: &str| filter.as_deref().is_none_or(|f| name.contains(f));
+
+    // The raw yardstick first: sled's process-wide concurrency control
+    // switches to a slower mode once any batch has been applied.
+    let raw = if want("sled_raw") || want("vs_raw") {
+        let raw = sled_raw_insert_flush();
+        figure("sled_raw_insert_flush", raw, "tasks/s");
+        Some(raw)
+    } else {
+        None
+    };
+    let mut by_n = Vec::new();
+    for n in [1usize, 8, 64] {
+        let name = format!("enqueue_sync_{n}_producer{}", if n == 1 { "" } else { "s" });
+        if !want(&name) && !(n == 1 && want("vs_")) {
+            continue;
+        }
+        let (rate, per_flush) = enqueue_sync(n);
+        figure(&name, rate, "tasks/s");
+        figure(
+            &format!("enqueue_sync_{n}_commits_per_flush"),
+            per_flush,
+            "commits",
+        );
+        by_n.push((n, rate));
+    }
+    if want("compress") {
+        figure("compress_1mib_json", compress_1mib_json(), "MiB/s");
+    }
+    let one = by_n.iter().find(|(n, _)| *n == 1).map(|(_, r)| *r);
+    if let (Some(raw), Some(one)) = (raw, one) {
+        figure("enqueue_sync_1_vs_raw", one / raw, "x");
+    }
+    if let Some(one) = one {
+        for (n, rate) in &by_n {
+            if *n > 1 {
+                figure(&format!("enqueue_sync_{n}_vs_1"), rate / one, "x");
+            }
+        }
+    }
+}

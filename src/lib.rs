@@ -6,6 +6,8 @@
 pub mod budget;
 pub mod clock;
 pub mod codec;
+pub mod report;
 pub mod store;
+pub mod submit;
 pub mod task;
 pub mod units;

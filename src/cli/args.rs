@@ -1,0 +1,106 @@
+//! The command line, as clap sees it.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "berth",
+    version,
+    about = "A durable, ordered task engine for edge nodes"
+)]
+pub struct Cli {
+    /// The data dir (created on first write).
+    #[arg(
+        long,
+        global = true,
+        env = "BERTH_DATA_DIR",
+        default_value = "berth-data"
+    )]
+    pub data_dir: PathBuf,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Add a task, or a batch of tasks from a JSON file.
+    Enqueue(EnqueueArgs),
+    /// Inspect queues.
+    #[command(subcommand)]
+    Queue(QueueCommand),
+    /// Inspect or remove one task.
+    #[command(subcommand)]
+    Task(TaskCommand),
+    /// Replay the event log and check that it agrees with the stored state.
+    Verify,
+}
+
+#[derive(Debug, Args)]
+pub struct EnqueueArgs {
+    /// A JSON file with an array of task specs (or {"tasks": [...]}), added all or nothing.
+    #[arg(long, conflicts_with_all = ["queue", "kind", "name", "description", "weight", "payload", "payload_file", "tag", "target", "first", "after", "before"])]
+    pub batch: Option<PathBuf>,
+    #[arg(long, required_unless_present = "batch")]
+    pub queue: Option<String>,
+    #[arg(long, required_unless_present = "batch")]
+    pub kind: Option<String>,
+    #[arg(long, required_unless_present = "batch")]
+    pub name: Option<String>,
+    #[arg(long)]
+    pub description: Option<String>,
+    #[arg(long, allow_hyphen_values = true)]
+    pub weight: Option<i64>,
+    /// The payload as JSON text.
+    #[arg(long, conflicts_with = "payload_file")]
+    pub payload: Option<String>,
+    /// A file holding the JSON payload.
+    #[arg(long)]
+    pub payload_file: Option<PathBuf>,
+    /// A tag (repeatable).
+    #[arg(long = "tag")]
+    pub tag: Vec<String>,
+    /// The node that should run the task.
+    #[arg(long)]
+    pub target: Option<String>,
+    /// Add at the head of the queue instead of the tail.
+    #[arg(long, conflicts_with_all = ["after", "before"])]
+    pub first: bool,
+    /// Add right after this task.
+    #[arg(long, conflicts_with = "before")]
+    pub after: Option<u64>,
+    /// Add right before this task.
+    #[arg(long)]
+    pub before: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum Format {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum QueueCommand {
+    /// Show every queue and its tasks, as addon-operator's `queue list` does.
+    List {
+        #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
+        output: Format,
+        /// Also show queues with no tasks.
+        #[arg(long)]
+        show_empty: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TaskCommand {
+    /// Show a task (live or finished), payload decoded.
+    Show {
+        id: u64,
+        #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
+        output: Format,
+    },
+    /// Remove a task (a group parent takes its children with it).
+    Remove { id: u64 },
+}
