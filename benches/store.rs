@@ -154,10 +154,11 @@ fn realistic_json(target: usize) -> serde_json::Value {
         let hex: String = (0..40)
             .map(|_| char::from_digit(rng.u32(0..16), 16).unwrap())
             .collect();
+        let phase = ["Ready", "Pending", "Failed"][rng.usize(0..3)];
         let item = json!({
             "module": format!("{}-{}", words[rng.usize(0..words.len())], i),
             "enabled": rng.bool(),
-            "phase": ["Ready", "Pending", "Failed"][rng.usize(0..3)],
+            "phase": phase,
             "weight": rng.u32(0..1000),
             "replicas": rng.u8(1..6),
             "version": format!("v1.{}.{}", rng.u8(0..40), rng.u8(0..20)),
@@ -200,23 +201,23 @@ fn compress_1mib_json() -> f64 {
 }
 
 fn main() {
-    // `cargo bench` passes `--bench`; a name filter, if given, selects figures.
+    // `cargo bench` passes `--bench`; a non-flag argument selects the
+    // figures whose names contain it (ratios print when both sides ran).
     let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
     let want = |name: &str| filter.as_deref().is_none_or(|f| name.contains(f));
 
-    // The raw yardstick first: sled's process-wide concurrency control
-    // switches to a slower mode once any batch has been applied.
-    let raw = if want("sled_raw") || want("vs_raw") {
+    // The raw yardstick first, in a fresh process: sled's process-wide
+    // concurrency control switches to a read-write lock for good once any
+    // batch has been applied.
+    let raw = want("sled_raw_insert_flush").then(|| {
         let raw = sled_raw_insert_flush();
         figure("sled_raw_insert_flush", raw, "tasks/s");
-        Some(raw)
-    } else {
-        None
-    };
+        raw
+    });
     let mut by_n = Vec::new();
     for n in [1usize, 8, 64] {
         let name = format!("enqueue_sync_{n}_producer{}", if n == 1 { "" } else { "s" });
-        if !want(&name) && !(n == 1 && want("vs_")) {
+        if !want(&name) {
             continue;
         }
         let (rate, per_flush) = enqueue_sync(n);
@@ -228,7 +229,7 @@ fn main() {
         );
         by_n.push((n, rate));
     }
-    if want("compress") {
+    if want("compress_1mib_json") {
         figure("compress_1mib_json", compress_1mib_json(), "MiB/s");
     }
     let one = by_n.iter().find(|(n, _)| *n == 1).map(|(_, r)| *r);

@@ -114,9 +114,14 @@ impl Blob {
         budget: &Budget,
     ) -> Result<Blob, BudgetError> {
         let blob = if raw.len() >= budget.compress_over {
+            // The fast level first; the best level only when that is not enough.
+            let mut bytes = gzip_level(&raw, Compression::fast());
+            if bytes.len() > budget.max_object {
+                bytes = gzip_level(&raw, Compression::best());
+            }
             Blob {
                 compressed: true,
-                bytes: gzip(&raw),
+                bytes,
             }
         } else {
             Blob {
@@ -163,33 +168,49 @@ impl Blob {
 
 /// gzip-compresses bytes (default level).
 pub fn gzip(raw: &[u8]) -> Vec<u8> {
-    let mut enc = GzEncoder::new(
-        Vec::with_capacity(raw.len() / 4 + 64),
-        Compression::default(),
-    );
+    gzip_level(raw, Compression::default())
+}
+
+fn gzip_level(raw: &[u8], level: Compression) -> Vec<u8> {
+    let mut enc = GzEncoder::new(Vec::with_capacity(raw.len() / 4 + 64), level);
     // Writing to a Vec cannot fail.
     let _ = enc.write_all(raw);
     enc.finish().unwrap_or_default()
 }
 
-/// Inflates gzip bytes, refusing to produce more than `limit` bytes.
+/// Inflates gzip bytes, refusing to produce more than `limit` bytes. The
+/// output grows by doubling but never past `limit`, so the peak memory is
+/// below `1.5 * limit` plus a 64 KiB buffer.
 pub fn gunzip_capped(
     what: &'static str,
     compressed: &[u8],
     limit: usize,
 ) -> Result<Vec<u8>, BudgetError> {
-    let mut out = Vec::with_capacity(compressed.len().saturating_mul(4).min(limit));
-    let mut reader = GzDecoder::new(compressed).take(limit as u64 + 1);
-    reader
-        .read_to_end(&mut out)
-        .map_err(|e| BudgetError::BadGzip {
-            what,
-            reason: e.to_string(),
-        })?;
-    if out.len() > limit {
-        return Err(BudgetError::Bomb { what, limit });
+    let mut out: Vec<u8> = Vec::with_capacity(compressed.len().saturating_mul(4).min(limit));
+    let mut reader = GzDecoder::new(compressed);
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match reader.read(&mut buf) {
+            Ok(0) => return Ok(out),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                return Err(BudgetError::BadGzip {
+                    what,
+                    reason: e.to_string(),
+                });
+            }
+        };
+        let needed = out.len() + n;
+        if needed > limit {
+            return Err(BudgetError::Bomb { what, limit });
+        }
+        if needed > out.capacity() {
+            let want = (out.capacity() * 2).max(needed).min(limit);
+            out.reserve_exact(want - out.len());
+        }
+        out.extend_from_slice(&buf[..n]);
     }
-    Ok(out)
 }
 
 #[cfg(test)]

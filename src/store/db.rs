@@ -17,11 +17,11 @@ use crate::clock::SharedClock;
 use crate::codec;
 use crate::store::durability::{Durability, GroupCommit};
 use crate::store::error::{CorruptRecord, OpenError, ReadError, WriteError};
-use crate::store::event::{Event, INTERRUPTED};
+use crate::store::event::{CommitRecord, Event, INTERRUPTED};
 use crate::store::keys::{self, EVENT, HISTORY, QUEUE, TASK};
 use crate::store::lock::{DirLock, LockError, Role};
 use crate::store::order::Order;
-use crate::store::write::WriteTxn;
+use crate::store::write::{WriteTxn, apply_writes};
 use crate::task::{Status, Task};
 
 /// How to open a data dir.
@@ -68,6 +68,7 @@ pub struct Store {
     pub(crate) durability: Durability,
     corrupt: Vec<CorruptRecord>,
     recovered: Vec<u64>,
+    poisoned: std::sync::atomic::AtomicBool,
     flusher: Option<(mpsc::Sender<()>, JoinHandle<()>)>,
     _lock: DirLock,
 }
@@ -165,13 +166,27 @@ impl Store {
 
         let mut corrupt = Vec::new();
         let mut next_id = 1u64;
-        if let Some(v) = tree.get(keys::META_NEXT_ID).map_err(db_err)? {
-            match codec::decode::<u64>(&v) {
-                Ok(n) => next_id = n,
-                Err(e) => corrupt.push(CorruptRecord {
-                    key: "m/next_id".into(),
-                    reason: e.to_string(),
-                }),
+        let mut next_seq = 1u64;
+        // The last commit record may be partly applied: apply it again.
+        if let Some((k, v)) = tree
+            .scan_prefix([EVENT])
+            .next_back()
+            .transpose()
+            .map_err(db_err)?
+        {
+            match codec::decode::<CommitRecord>(&v) {
+                Ok(rec) => {
+                    apply_writes(&tree, &rec.writes).map_err(db_err)?;
+                    next_id = rec.next_id;
+                    next_seq = rec.events.last().map_or(1, |e| e.seq + 1);
+                }
+                Err(e) => {
+                    corrupt.push(CorruptRecord {
+                        key: keys::key_display(&k),
+                        reason: e.to_string(),
+                    });
+                    next_seq = keys::parse_id_key(&k).map_or(1, |s| s + 1);
+                }
             }
         }
         for prefix in [TASK, HISTORY] {
@@ -186,15 +201,6 @@ impl Store {
                 }
             }
         }
-        let next_seq = match tree
-            .scan_prefix([EVENT])
-            .next_back()
-            .transpose()
-            .map_err(db_err)?
-        {
-            Some((k, _)) => keys::parse_id_key(&k).map_or(1, |s| s + 1),
-            None => 1,
-        };
 
         // Queue order.
         let mut order = Order::default();
@@ -242,6 +248,7 @@ impl Store {
             durability: opts.durability,
             corrupt,
             recovered: Vec::new(),
+            poisoned: std::sync::atomic::AtomicBool::new(false),
             flusher,
             _lock: lock,
         };
@@ -295,6 +302,19 @@ impl Store {
 
     pub(crate) fn lock_inner(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn poisoned(&self) -> bool {
+        self.poisoned.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    pub(crate) fn poison(&self) {
+        log::error!(
+            "{}: a write failed half way; reopen the data dir to repair it",
+            self.dir.display()
+        );
+        self.poisoned
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     pub(crate) fn flush_now(&self) -> std::io::Result<()> {
@@ -387,22 +407,47 @@ impl Store {
             .collect()
     }
 
-    /// The event log from `from_seq` on.
+    /// The event log from `from_seq` on. A corrupt commit record yields one
+    /// error in place of its events.
     pub fn events_from(
         &self,
         from_seq: u64,
     ) -> impl Iterator<Item = Result<Event, CorruptRecord>> + '_ {
+        // Start at the record that holds `from_seq`.
+        let start = self
+            .tree
+            .range(keys::id_key(EVENT, 0)..=keys::id_key(EVENT, from_seq))
+            .next_back()
+            .and_then(|r| r.ok())
+            .map_or(keys::id_key(EVENT, from_seq), |(k, _)| {
+                let mut a = [0u8; 9];
+                a.copy_from_slice(&k);
+                a
+            });
         self.tree
-            .range(keys::id_key(EVENT, from_seq)..keys::id_key(EVENT, u64::MAX))
-            .map(|item| {
-                let (k, v) = item.map_err(|e| CorruptRecord {
-                    key: "e/?".into(),
-                    reason: e.to_string(),
-                })?;
-                codec::decode::<Event>(&v).map_err(|e| CorruptRecord {
-                    key: keys::key_display(&k),
-                    reason: e.to_string(),
-                })
+            .range(start..=keys::id_key(EVENT, u64::MAX))
+            .flat_map(move |item| {
+                let decoded = item
+                    .map_err(|e| CorruptRecord {
+                        key: "e/?".into(),
+                        reason: e.to_string(),
+                    })
+                    .and_then(|(k, v)| {
+                        codec::decode::<CommitRecord>(&v).map_err(|e| CorruptRecord {
+                            key: keys::key_display(&k),
+                            reason: e.to_string(),
+                        })
+                    });
+                let items: Vec<Result<Event, CorruptRecord>> = match decoded {
+                    Ok(rec) => rec
+                        .events
+                        .into_iter()
+                        .filter(|e| e.seq >= from_seq)
+                        .map(Ok)
+                        .collect(),
+                    Err(c) => vec![Err(c)],
+                };
+                items
             })
     }
 

@@ -34,7 +34,13 @@ struct State {
     flushing: bool,
     /// Flushes done (for tests and metrics).
     flushes: u64,
+    /// Transactions begun but not yet applied or dropped.
+    in_flight: usize,
 }
+
+/// How long a flush leader waits for transactions already under way, so
+/// that one flush carries them too.
+const GATHER: Duration = Duration::from_micros(300);
 
 /// The group-commit rendezvous.
 #[derive(Debug, Default)]
@@ -44,11 +50,28 @@ pub struct GroupCommit {
 }
 
 impl GroupCommit {
-    /// Records that one more batch was applied; returns its ticket.
-    /// Call it right after `apply_batch`, under the store's write lock.
+    /// Records that a transaction has begun.
+    pub fn begin(&self) {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .in_flight += 1;
+    }
+
+    /// Records that a begun transaction was dropped without writing.
+    pub fn abandon(&self) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.in_flight = st.in_flight.saturating_sub(1);
+        self.cv.notify_all();
+    }
+
+    /// Records that a begun transaction's writes are applied; returns its ticket.
+    /// Call it right after the writes, under the store's write lock.
     pub fn applied(&self) -> u64 {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         st.written += 1;
+        st.in_flight = st.in_flight.saturating_sub(1);
+        self.cv.notify_all();
         st.written
     }
 
@@ -65,6 +88,19 @@ impl GroupCommit {
             }
             if !st.flushing {
                 st.flushing = true;
+                // Let transactions already under way join this flush.
+                let deadline = std::time::Instant::now() + GATHER;
+                while st.in_flight > 0 {
+                    let left = deadline.saturating_duration_since(std::time::Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    st = self
+                        .cv
+                        .wait_timeout(st, left)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                }
                 let target = st.written;
                 drop(st);
                 let result = flush();

@@ -65,7 +65,7 @@ pub enum ReadError {
 pub enum WriteError {
     #[error("no task {0}")]
     NoSuchTask(u64),
-    #[error("task {id} is {state}; cannot {op} it")]
+    #[error("task {id} is {state}; cannot {op}")]
     WrongState {
         id: u64,
         state: String,
@@ -81,8 +81,12 @@ pub enum WriteError {
     Corrupt(#[from] CorruptRecord),
     #[error("writing to the database failed: {0}")]
     Database(#[from] sled::Error),
-    #[error("the change was applied but flushing it to disk failed: {0}")]
+    #[error(
+        "the change was applied but flushing it to disk failed (it may or may not survive a crash): {0}"
+    )]
     Flush(std::io::Error),
+    #[error("an earlier write failed half way; reopen the data dir to repair it")]
+    Poisoned,
 }
 
 impl From<ReadError> for WriteError {

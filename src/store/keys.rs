@@ -21,7 +21,6 @@ pub const EVENT: u8 = b'e';
 pub const QUEUE: u8 = b'q';
 
 pub const META_FORMAT: &[u8] = b"mformat";
-pub const META_NEXT_ID: &[u8] = b"mnext_id";
 
 /// The on-disk layout version (the key layout above; the record framing has its own byte).
 pub const STORE_FORMAT: u64 = 1;

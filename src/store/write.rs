@@ -4,9 +4,17 @@
 //! overlay and queue-order changes in the index (with an undo log), and
 //! records one [`Event`] per change. Every change to a task is made by
 //! applying its event ([`event::apply`]), so the state cannot say what the
-//! log does not. `commit` writes tasks, order keys and events in one sled
-//! `apply_batch`, then waits for durability as the store's mode says.
-//! Dropping a transaction without committing discards all of it.
+//! log does not. Dropping a transaction without committing discards it.
+//!
+//! `commit` first inserts one [`CommitRecord`] (the events and the exact key
+//! writes) under `e` + first sequence number, then makes the key writes with
+//! plain inserts, then waits for durability as the store's mode says. sled
+//! recovers a prefix of its log after a crash, so if any write of a commit
+//! survived, its record did; and only the last record can be partly applied.
+//! Opening the store re-applies the last record's writes (they are whole
+//! values, so doing it twice is harmless). This costs one insert more than
+//! the writes themselves, and unlike sled's `apply_batch` it never blocks
+//! behind a flush in progress, so concurrent commits share flushes.
 
 use std::collections::BTreeMap;
 use std::sync::MutexGuard;
@@ -16,7 +24,7 @@ use crate::codec;
 use crate::store::db::{Inner, Store};
 use crate::store::durability::Durability;
 use crate::store::error::{CorruptRecord, WriteError};
-use crate::store::event::{self, Event, EventKind};
+use crate::store::event::{self, CommitRecord, Event, EventKind, KeyWrite};
 use crate::store::keys::{self, EVENT, HISTORY, TASK};
 use crate::store::order::{KeyOp, Placement, Undo};
 use crate::task::{Status, Task, check_name};
@@ -60,6 +68,7 @@ pub struct WriteTxn<'s> {
 
 impl<'s> WriteTxn<'s> {
     pub(crate) fn new(store: &'s Store, inner: MutexGuard<'s, Inner>) -> Self {
+        store.commit.begin();
         let (next_id, next_seq) = (inner.next_id, inner.next_seq);
         WriteTxn {
             store,
@@ -139,6 +148,17 @@ impl<'s> WriteTxn<'s> {
             .expect("slot() returns only present tasks"))
     }
 
+    /// The head of a queue as this transaction sees it. (Calling the store's
+    /// own readers while a transaction is open would wait for its lock.)
+    pub fn head(&mut self, queue: &str) -> Option<u64> {
+        self.inner().order.head(queue)
+    }
+
+    /// The ids in a queue, head first, as this transaction sees them.
+    pub fn queue_ids(&mut self, queue: &str) -> Vec<u64> {
+        self.inner().order.ids(queue)
+    }
+
     /// Whether the task is live (not in the history, not removed).
     pub fn is_live(&mut self, id: u64) -> Result<bool, WriteError> {
         Ok(self.slot(id)?.home != Home::History)
@@ -191,7 +211,7 @@ impl<'s> WriteTxn<'s> {
             return Err(WriteError::WrongState {
                 id: task.id,
                 state: "not an id reserved by this transaction".into(),
-                op: "enqueue",
+                op: "enqueue it",
             });
         }
         task.status = Status::Queued;
@@ -230,7 +250,7 @@ impl<'s> WriteTxn<'s> {
     /// Puts a live task that is in no queue into `queue`.
     pub fn place(&mut self, id: u64, queue: &str, placement: Placement) -> Result<(), WriteError> {
         check_name("queue", queue).map_err(WriteError::Queue)?;
-        self.live(id, "place")?;
+        self.live(id, "place it")?;
         let (ops, undo) = (&mut self.ops, &mut self.undo);
         self.inner
             .as_mut()
@@ -258,13 +278,13 @@ impl<'s> WriteTxn<'s> {
 
     /// Marks a queued task running.
     pub fn start(&mut self, id: u64) -> Result<(), WriteError> {
-        self.expect_status(id, Status::Queued, "start")?;
+        self.expect_status(id, Status::Queued, "start it")?;
         self.push_event(EventKind::Started { id })
     }
 
     /// Marks a running task succeeded (it stays live until moved to history).
     pub fn succeed(&mut self, id: u64, result: Option<Blob>) -> Result<(), WriteError> {
-        self.expect_status(id, Status::Running, "mark succeeded")?;
+        self.expect_status(id, Status::Running, "mark it succeeded")?;
         self.push_event(EventKind::Succeeded { id, result })
     }
 
@@ -275,7 +295,7 @@ impl<'s> WriteTxn<'s> {
         message: String,
         delay_ms: Option<u64>,
     ) -> Result<(), WriteError> {
-        self.live(id, "mark failed")?;
+        self.live(id, "mark it failed")?;
         self.push_event(EventKind::Failed {
             id,
             message,
@@ -285,7 +305,7 @@ impl<'s> WriteTxn<'s> {
 
     /// Puts a task back to waiting without counting a failure.
     pub fn requeue(&mut self, id: u64, retry_at: Option<u64>) -> Result<(), WriteError> {
-        self.live(id, "requeue")?;
+        self.live(id, "requeue it")?;
         self.push_event(EventKind::Requeued { id, retry_at })
     }
 
@@ -297,7 +317,7 @@ impl<'s> WriteTxn<'s> {
         failures: u32,
         message: Option<String>,
     ) -> Result<(), WriteError> {
-        self.live(id, "update")?;
+        self.live(id, "update it")?;
         self.push_event(EventKind::GroupUpdated {
             id,
             name,
@@ -308,7 +328,7 @@ impl<'s> WriteTxn<'s> {
 
     /// Moves a task out of its queue into the history with its final status.
     pub fn to_history(&mut self, id: u64, status: Status) -> Result<(), WriteError> {
-        self.live(id, "move to history")?;
+        self.live(id, "move it to history")?;
         let (ops, undo) = (&mut self.ops, &mut self.undo);
         self.inner
             .as_mut()
@@ -329,7 +349,7 @@ impl<'s> WriteTxn<'s> {
                 return Err(WriteError::WrongState {
                     id,
                     state: format!("part of group {parent}"),
-                    op: "remove (remove the group instead)",
+                    op: "remove it alone (remove the group instead)",
                 });
             }
         }
@@ -364,7 +384,8 @@ impl<'s> WriteTxn<'s> {
         self.events.is_empty()
     }
 
-    /// Writes everything in one atomic batch and waits as the durability mode says.
+    /// Writes the transaction (atomically, see the module doc) and waits as
+    /// the durability mode says.
     pub fn commit(mut self) -> Result<Receipt, WriteError> {
         if self.events.is_empty() {
             return Ok(Receipt {
@@ -372,14 +393,21 @@ impl<'s> WriteTxn<'s> {
                 events: 0,
             });
         }
-        let mut batch = sled::Batch::default();
+        if self.store.poisoned() {
+            return Err(WriteError::Poisoned);
+        }
+        let mut writes = Vec::with_capacity(self.ops.len() + self.slots.len());
         for op in &self.ops {
-            match op {
-                KeyOp::Put { queue, pos, id } => {
-                    batch.insert(keys::queue_key(queue, *pos), codec::encode(id))
-                }
-                KeyOp::Del { queue, pos } => batch.remove(keys::queue_key(queue, *pos)),
-            }
+            writes.push(match op {
+                KeyOp::Put { queue, pos, id } => KeyWrite {
+                    key: keys::queue_key(queue, *pos),
+                    value: Some(codec::encode(id)),
+                },
+                KeyOp::Del { queue, pos } => KeyWrite {
+                    key: keys::queue_key(queue, *pos),
+                    value: None,
+                },
+            });
         }
         for (id, slot) in &self.slots {
             let origin_key = match slot.origin {
@@ -394,33 +422,46 @@ impl<'s> WriteTxn<'s> {
             };
             if let Some(k) = origin_key {
                 if Some(k) != target_key {
-                    batch.remove(&k[..]);
+                    writes.push(KeyWrite {
+                        key: k.to_vec(),
+                        value: None,
+                    });
                 }
             }
             if let (Some(k), Some(task)) = (target_key, &slot.task) {
-                let bytes = codec::encode(task);
-                if bytes.len() > codec::MAX_RECORD_BYTES {
-                    return Err(WriteError::Budget(crate::budget::BudgetError::TooLarge {
-                        what: "record",
-                        size: bytes.len(),
-                        compressed: false,
-                        budget: codec::MAX_RECORD_BYTES,
-                    }));
-                }
-                batch.insert(&k[..], bytes);
+                writes.push(KeyWrite {
+                    key: k.to_vec(),
+                    value: Some(codec::encode(task)),
+                });
             }
         }
-        for ev in &self.events {
-            batch.insert(&keys::id_key(EVENT, ev.seq)[..], codec::encode(ev));
+        let first_seq = self.events[0].seq;
+        let record = CommitRecord {
+            next_id: self.next_id,
+            events: std::mem::take(&mut self.events),
+            writes,
+        };
+        let bytes = codec::encode(&record);
+        if bytes.len() > codec::MAX_RECORD_BYTES {
+            return Err(WriteError::Budget(crate::budget::BudgetError::TooLarge {
+                what: "transaction",
+                size: bytes.len(),
+                compressed: false,
+                budget: codec::MAX_RECORD_BYTES,
+            }));
         }
-        if self.next_id != self.first_new_id {
-            batch.insert(keys::META_NEXT_ID, codec::encode(&self.next_id));
+        let tree = &self.store.tree;
+        tree.insert(keys::id_key(EVENT, first_seq), bytes)?;
+        // From here on the record is in: a failure leaves the store to be
+        // repaired by reopening, which re-applies the record.
+        if let Err(e) = apply_writes(tree, &record.writes) {
+            self.store.poison();
+            return Err(e.into());
         }
-        self.store.tree.apply_batch(batch)?;
         let ticket = self.store.commit.applied();
         let receipt = Receipt {
             last_seq: self.next_seq - 1,
-            events: self.events.len(),
+            events: record.events.len(),
         };
         {
             let (next_id, next_seq) = (self.next_id, self.next_seq);
@@ -441,11 +482,23 @@ impl<'s> WriteTxn<'s> {
     }
 }
 
+/// Makes a commit record's key writes.
+pub(crate) fn apply_writes(tree: &sled::Db, writes: &[KeyWrite]) -> Result<(), sled::Error> {
+    for w in writes {
+        match &w.value {
+            Some(v) => tree.insert(&w.key, v.as_slice())?,
+            None => tree.remove(&w.key)?,
+        };
+    }
+    Ok(())
+}
+
 impl Drop for WriteTxn<'_> {
     fn drop(&mut self) {
         if let Some(inner) = self.inner.as_mut() {
             let undo = std::mem::take(&mut self.undo);
             inner.order.rollback(undo);
+            self.store.commit.abandon();
         }
     }
 }

@@ -1,0 +1,250 @@
+//! The `berth` command as a user runs it: outputs, exit codes, errors.
+
+mod common;
+
+use common::{assert_text_eq, berth, stderr, stdout, tempdir};
+
+#[test]
+fn enqueue_prints_the_id_and_queue_list_shows_the_order() {
+    let dir = tempdir();
+    let d = dir.path().join("data");
+    let a = berth(
+        &d,
+        &[
+            "enqueue",
+            "--queue",
+            "main",
+            "--kind",
+            "ModuleRun",
+            "--name",
+            "flow-schema",
+            "--description",
+            "doStartup:OperatorStartup",
+        ],
+    );
+    assert!(a.status.success(), "{}", stderr(&a));
+    assert_eq!(stdout(&a), "1\n");
+    let b = berth(
+        &d,
+        &[
+            "enqueue",
+            "--queue",
+            "main",
+            "--kind",
+            "ConvergeModules",
+            "--name",
+            "",
+            "--description",
+            ":Operator-Startup",
+        ],
+    );
+    assert_eq!(b.status.code(), Some(2), "an empty name is refused");
+    assert!(
+        stderr(&b).contains("--name: must not be empty"),
+        "{}",
+        stderr(&b)
+    );
+    let c = berth(
+        &d,
+        &[
+            "enqueue",
+            "--queue",
+            "main",
+            "--kind",
+            "ModuleRun",
+            "--name",
+            "echo",
+            "--first",
+            "--tag",
+            "gluster",
+        ],
+    );
+    assert_eq!(stdout(&c), "2\n");
+    let e = berth(
+        &d,
+        &[
+            "enqueue",
+            "--queue",
+            "parallel_queue_3",
+            "--kind",
+            "ModuleRun",
+            "--name",
+            "x",
+        ],
+    );
+    assert_eq!(stdout(&e), "3\n");
+    let list = berth(&d, &["queue", "list"]);
+    assert!(list.status.success());
+    assert_text_eq(
+        &stdout(&list),
+        "Queue 'main': length 2, status: ''
+
+ 1. ModuleRun:main:echo
+ 2. ModuleRun:main:flow-schema:doStartup:OperatorStartup
+
+Queue 'parallel_queue_3': length 1, status: ''
+
+ 1. ModuleRun:parallel_queue_3:x
+
+Summary:
+- 'main' queue: 2 tasks.
+- 10 other queues (1 active, 9 empty): 1 task.
+- total 3 tasks to handle.
+",
+    );
+    let json = berth(&d, &["queue", "list", "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(v["summary"]["totalTasks"], 3);
+    assert_eq!(v["active"][1]["name"], "parallel_queue_3");
+}
+
+#[test]
+fn batch_errors_name_the_entry_and_field_and_write_nothing() {
+    let dir = tempdir();
+    let d = dir.path().join("data");
+    let f = dir.path().join("tasks.json");
+    std::fs::write(&f, r#"[{"queue":"main","kind":"K","name":"a"},{"queue":"main","kind":"K","name":"b","wieght":2}]"#).unwrap();
+    let o = berth(&d, &["enqueue", "--batch", f.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(err.contains("entry 1: unknown field `wieght`"), "{err}");
+    std::fs::write(&f, r#"{"tasks":[{"queue":"main","kind":"K","name":"a"},{"queue":"ma in","kind":"K","name":"b"}]}"#).unwrap();
+    let o = berth(&d, &["enqueue", "--batch", f.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("entry 1, field queue: queue 'ma in'"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!d.exists() || stdout(&berth(&d, &["queue", "list"])).contains("no tasks to handle"));
+    std::fs::write(
+        &f,
+        r#"[{"queue":"main","kind":"K","name":"a"},{"queue":"main","kind":"K","name":"b"}]"#,
+    )
+    .unwrap();
+    let o = berth(&d, &["enqueue", "--batch", f.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "1\n2\n");
+}
+
+#[test]
+fn bad_arguments_exit_2_and_change_nothing() {
+    let dir = tempdir();
+    let d = dir.path().join("data");
+    for args in [
+        vec!["enqueue", "--queue", "main", "--kind", "K"],
+        vec![
+            "enqueue",
+            "--queue",
+            "main",
+            "--kind",
+            "K",
+            "--name",
+            "n",
+            "--payload",
+            "{not json",
+        ],
+        vec![
+            "enqueue", "--queue", "main", "--kind", "K", "--name", "n", "--first", "--after", "3",
+        ],
+        vec!["enqueue", "--queue", "x/y", "--kind", "K", "--name", "n"],
+        vec!["task", "show", "abc"],
+        vec!["enqueue", "--batch", "/nonexistent/file.json"],
+    ] {
+        let o = berth(&d, &args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(!stderr(&o).is_empty());
+    }
+    assert!(!d.exists(), "no data dir was created by bad input");
+}
+
+#[test]
+fn task_show_and_remove() {
+    let dir = tempdir();
+    let d = dir.path().join("data");
+    berth(
+        &d,
+        &[
+            "enqueue",
+            "--queue",
+            "main",
+            "--kind",
+            "K",
+            "--name",
+            "a",
+            "--payload",
+            r#"{"values":[1,2]}"#,
+        ],
+    );
+    let o = berth(&d, &["task", "show", "1", "-o", "json"]);
+    assert!(o.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["payload"]["values"][1], 2);
+    assert_eq!(v["status"], "queued");
+    let o = berth(&d, &["task", "show", "1"]);
+    assert!(stdout(&o).contains("name: a\n"));
+    let o = berth(&d, &["task", "remove", "1"]);
+    assert_eq!(stdout(&o), "removed 1\n");
+    let o = berth(&d, &["task", "show", "1"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(stderr(&o).trim(), "berth: no task 1");
+    let o = berth(&d, &["verify"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+#[test]
+fn a_dir_held_by_a_daemon_gives_exit_3() {
+    let dir = tempdir();
+    let _daemon = berth::store::Store::open(
+        dir.path(),
+        berth::store::Options {
+            role: berth::store::Role::Daemon,
+            ..Default::default()
+        },
+        berth::clock::system(),
+    )
+    .unwrap();
+    let o = berth(
+        dir.path(),
+        &["enqueue", "--queue", "main", "--kind", "K", "--name", "n"],
+    );
+    assert_eq!(o.status.code(), Some(3));
+    assert!(
+        stderr(&o).contains("is in use by another berth process"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn concurrent_short_commands_wait_for_each_other() {
+    let dir = tempdir();
+    let d = dir.path().join("data");
+    let procs: Vec<_> = (0..6)
+        .map(|i| {
+            std::process::Command::new(common::berth_bin())
+                .arg("--data-dir")
+                .arg(&d)
+                .args([
+                    "enqueue",
+                    "--queue",
+                    "main",
+                    "--kind",
+                    "K",
+                    "--name",
+                    &format!("m{i}"),
+                ])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for p in procs {
+        let o = p.wait_with_output().unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    let v: serde_json::Value =
+        serde_json::from_slice(&berth(&d, &["queue", "list", "-o", "json"]).stdout).unwrap();
+    assert_eq!(v["summary"]["totalTasks"], 6);
+}

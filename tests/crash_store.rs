@@ -1,0 +1,298 @@
+//! A real crash test: a child process enqueues in `sync` mode and prints each
+//! id only after its commit returned; the test SIGKILLs it at a random moment,
+//! reopens the data dir and checks that every acknowledged id survived, in
+//! order, with no gaps, and that the event log agrees with the state.
+//!
+//! The child is this test binary itself, re-executed to run only
+//! `crash_child` with `BERTH_CRASH_CHILD_DIR` set.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use berth::store::{Durability, Options, Placement, Store};
+use berth::task::TaskSpec;
+
+const DIR_VAR: &str = "BERTH_CRASH_CHILD_DIR";
+const THREADS_VAR: &str = "BERTH_CRASH_CHILD_THREADS";
+const QUEUE: &str = "main";
+/// Kill cycles in a normal run; `BERTH_CRASH_CYCLES` sets another number
+/// (for a soak run), `BERTH_CRASH_SEED` replays a failing run's delays.
+const CYCLES: usize = 30;
+
+fn open(dir: &Path) -> Store {
+    Store::open(
+        dir,
+        Options {
+            durability: Durability::Sync,
+            ..Options::default()
+        },
+        berth::clock::system(),
+    )
+    .unwrap_or_else(|e| panic!("opening {}: {e}", dir.display()))
+}
+
+/// Enqueues forever, printing each id after its commit returned.
+fn produce(store: &Store, thread: usize) -> ! {
+    let mut i = 0u64;
+    loop {
+        let spec = TaskSpec {
+            queue: QUEUE.into(),
+            kind: "CrashTest".into(),
+            name: format!("t{thread}-{i}"),
+            payload: serde_json::json!({ "thread": thread, "i": i }),
+            ..Default::default()
+        };
+        let task = spec
+            .into_task(store.clock().now_ms(), store.budget())
+            .expect("into_task");
+        let mut w = store.write();
+        let id = w.enqueue(task, Some(Placement::Last)).expect("enqueue");
+        w.commit().expect("commit");
+        // One write per line, under the stdout lock, flushed: a line the
+        // parent reads is an id whose commit returned.
+        let mut out = std::io::stdout().lock();
+        out.write_all(format!("{id}\n").as_bytes())
+            .and_then(|()| out.flush())
+            .expect("writing to stdout");
+        drop(out);
+        i += 1;
+    }
+}
+
+/// The child: does nothing unless re-executed by `kill_9_during_sync_enqueue`.
+#[test]
+fn crash_child() {
+    let Some(dir) = std::env::var_os(DIR_VAR) else {
+        return;
+    };
+    let threads: usize = std::env::var(THREADS_VAR)
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(1);
+    let store = open(Path::new(&dir));
+    // libtest has printed "test crash_child ... " without a newline: end
+    // that line so the first id gets a line of its own.
+    {
+        let mut out = std::io::stdout().lock();
+        out.write_all(b"\n")
+            .and_then(|()| out.flush())
+            .expect("stdout");
+    }
+    std::thread::scope(|s| {
+        for t in 1..threads {
+            let store = &store;
+            s.spawn(move || produce(store, t));
+        }
+        produce(&store, 0)
+    });
+}
+
+fn spawn_child(dir: &Path, threads: usize) -> Child {
+    Command::new(std::env::current_exe().expect("current_exe"))
+        .args(["--exact", "crash_child", "--nocapture", "--test-threads=1"])
+        .env(DIR_VAR, dir)
+        .env(THREADS_VAR, threads.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawning the child")
+}
+
+/// Reads the child's stdout to EOF, sending every complete line that is a
+/// pure integer (libtest prints its own lines too).
+fn read_ids(out: impl Read, tx: mpsc::Sender<u64>) {
+    let mut reader = BufReader::new(out);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match reader.read_line(&mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        // A line cut short by the kill has no newline; it is not counted.
+        let Some(text) = line.strip_suffix('\n') else {
+            return;
+        };
+        if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+            let _ = tx.send(text.parse().expect("digits"));
+        }
+    }
+}
+
+struct Cycle {
+    printed: Vec<u64>,
+    stderr: String,
+    killed_after: Duration,
+}
+
+/// Runs one child with `threads` producers and kills it `delay` after its
+/// first acknowledged id.
+fn run_child(dir: &Path, threads: usize, delay: Duration) -> Cycle {
+    let mut child = spawn_child(dir, threads);
+    let (tx, rx) = mpsc::channel();
+    let stdout = child.stdout.take().expect("piped stdout");
+    let reader = std::thread::spawn(move || read_ids(stdout, tx));
+    let mut stderr_pipe = child.stderr.take().expect("piped stderr");
+    let stderr_reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr_pipe.read_to_string(&mut s);
+        s
+    });
+
+    let mut printed = Vec::new();
+    let first = rx.recv_timeout(Duration::from_secs(60));
+    let killed_after = match first {
+        Ok(id) => {
+            printed.push(id);
+            let since = Instant::now();
+            std::thread::sleep(delay);
+            child.kill().expect("killing the child");
+            since.elapsed()
+        }
+        Err(e) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            let stderr = stderr_reader.join().unwrap_or_default();
+            panic!("the child printed no id ({e:?}); its stderr:\n{stderr}");
+        }
+    };
+    let status = child.wait().expect("waiting for the child");
+    reader.join().expect("stdout reader");
+    printed.extend(rx.try_iter());
+    let stderr = stderr_reader.join().unwrap_or_default();
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            status.signal(),
+            Some(libc::SIGKILL),
+            "the child ended before it was killed ({status}); its stderr:\n{stderr}"
+        );
+    }
+    #[cfg(not(unix))]
+    let _ = status;
+    Cycle {
+        printed,
+        stderr,
+        killed_after,
+    }
+}
+
+#[test]
+fn kill_9_during_sync_enqueue() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("data");
+    let seed = std::env::var("BERTH_CRASH_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| fastrand::u64(..));
+    let cycles: usize = std::env::var("BERTH_CRASH_CYCLES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(CYCLES);
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let started = Instant::now();
+    // Tasks known to be in the queue after the previous cycle.
+    let mut known = 0u64;
+
+    for cycle in 0..cycles {
+        let threads = [1, 1, 4, 2][cycle % 4];
+        let delay = Duration::from_millis(rng.u64(5..150));
+        let run = run_child(&dir, threads, delay);
+        let ctx = format!(
+            "seed {seed}, cycle {cycle}, {threads} producer(s), killed {:?} after the first ack",
+            run.killed_after
+        );
+
+        let store = open(&dir);
+        assert!(
+            store.corrupt_records().is_empty(),
+            "{ctx}: corrupt records: {:?}",
+            store.corrupt_records()
+        );
+        let queue = store.queue_ids(QUEUE);
+        let total = queue.len() as u64;
+
+        // Ids are allocated under the write lock in commit order and nothing
+        // is ever removed, so the queue is exactly 1..=total: no gaps, no
+        // reordering, whatever survived is a prefix of the commits.
+        if let Some(pos) = queue.iter().zip(1u64..).position(|(id, want)| *id != want) {
+            panic!(
+                "{ctx}: the queue is not 1..={total}: position {pos} holds {} \
+                 (around it: {:?})",
+                queue[pos],
+                &queue[pos.saturating_sub(3)..(pos + 4).min(queue.len())]
+            );
+        }
+        assert!(
+            total >= known,
+            "{ctx}: the queue shrank from {known} to {total} tasks"
+        );
+
+        // Every acknowledged id survived.
+        let mut printed = run.printed.clone();
+        if threads == 1 {
+            // One producer prints in commit order: exactly the next ids.
+            let expected: Vec<u64> = (known + 1..=known + printed.len() as u64).collect();
+            assert_eq!(
+                printed, expected,
+                "{ctx}: the child acknowledged ids out of order or with gaps"
+            );
+        }
+        printed.sort_unstable();
+        printed.dedup();
+        assert_eq!(
+            printed.len(),
+            run.printed.len(),
+            "{ctx}: an id was acknowledged twice"
+        );
+        let max_printed = *printed.last().expect("at least one id was printed");
+        assert!(
+            printed[0] > known,
+            "{ctx}: id {} was acknowledged again (known: 1..={known})",
+            printed[0]
+        );
+        assert!(
+            max_printed <= total,
+            "{ctx}: id {max_printed} was acknowledged but lost: the queue ends at {total}\n\
+             child stderr:\n{}",
+            run.stderr
+        );
+        // Each producer has at most one commit in flight that may have been
+        // written but not yet printed.
+        let unprinted = (total - known) - printed.len() as u64;
+        assert!(
+            unprinted <= threads as u64,
+            "{ctx}: {unprinted} ids in the queue were never acknowledged \
+             ({threads} producer(s) can have at most {threads} in flight)"
+        );
+        for id in [known + 1, total] {
+            let task = store
+                .live_task(id)
+                .unwrap_or_else(|e| panic!("{ctx}: reading task {id}: {e}"))
+                .unwrap_or_else(|| panic!("{ctx}: task {id} is queued but has no record"));
+            assert_eq!(task.queue, QUEUE, "{ctx}");
+        }
+
+        // The log agrees with the state.
+        let diffs = berth::store::verify::verify(&store)
+            .unwrap_or_else(|e| panic!("{ctx}: replaying the log failed: {e}"));
+        assert!(
+            diffs.is_empty(),
+            "{ctx}: log and state disagree: {diffs:#?}"
+        );
+        assert_eq!(store.next_seq() - 1, total, "{ctx}: one event per enqueue");
+
+        known = total;
+        drop(store);
+    }
+    assert!(known > cycles as u64, "too few tasks written: {known}");
+    eprintln!(
+        "{cycles} kill cycles, {known} tasks, {:?} (seed {seed})",
+        started.elapsed()
+    );
+}

@@ -1,0 +1,388 @@
+//! The store: order operations and their persistence, the event log's
+//! agreement with the state, recovery, corruption, the size budget, the lock.
+
+mod common;
+
+use berth::clock::{Clock, FakeClock};
+use berth::store::{
+    EventKind, INTERRUPTED, OpenError, Options, Placement, Store, WriteError, verify,
+};
+use berth::submit;
+use berth::task::Status;
+use common::{T0, open, spec, tempdir};
+
+fn add(store: &Store, queue: &str, name: &str, p: Placement) -> u64 {
+    submit::enqueue_one(store, spec(queue, name), p).expect("enqueue")
+}
+
+fn assert_log_agrees(store: &Store) {
+    let diffs = verify::verify(store).expect("replay");
+    assert!(diffs.is_empty(), "log and state disagree: {diffs:#?}");
+}
+
+#[test]
+fn every_order_operation_and_its_persistence() {
+    let dir = tempdir();
+    let clock = FakeClock::new(T0);
+    let (a, b, c, d, e);
+    {
+        let s = open(dir.path(), &clock);
+        a = add(&s, "main", "a", Placement::Last);
+        b = add(&s, "main", "b", Placement::Last);
+        c = add(&s, "main", "c", Placement::First);
+        d = add(&s, "main", "d", Placement::After(c));
+        e = add(&s, "main", "e", Placement::Before(b));
+        assert!(a < b && b < c && c < d && d < e, "ids increase");
+        assert_eq!(s.queue_ids("main"), vec![c, d, a, e, b]);
+        assert_eq!(s.head("main"), Some(c));
+        assert_eq!(s.queue_len("main"), 5);
+        let mut w = s.write();
+        w.remove(a).unwrap();
+        w.commit().unwrap();
+        assert_eq!(s.queue_ids("main"), vec![c, d, e, b]);
+        assert_log_agrees(&s);
+    }
+    let s = open(dir.path(), &clock);
+    assert_eq!(
+        s.queue_ids("main"),
+        vec![c, d, e, b],
+        "order survives reopening"
+    );
+    assert_eq!(s.head("main"), Some(c));
+    assert_eq!(s.queue_len("main"), 4);
+    // Ids are never reused, even after the highest was removed.
+    let mut w = s.write();
+    w.remove(e).unwrap();
+    w.commit().unwrap();
+    drop(s);
+    let s = open(dir.path(), &clock);
+    let f = add(&s, "main", "f", Placement::Last);
+    assert!(f > e);
+    assert_log_agrees(&s);
+}
+
+#[test]
+fn anchors_in_other_queues_and_missing_tasks_are_refused_without_writing() {
+    let dir = tempdir();
+    let clock = FakeClock::new(T0);
+    let s = open(dir.path(), &clock);
+    let a = add(&s, "main", "a", Placement::Last);
+    let seq = s.next_seq();
+    let err = submit::enqueue_one(&s, spec("other", "x"), Placement::After(a)).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("is in queue 'main', not in 'other'"),
+        "{err}"
+    );
+    let err = submit::enqueue_one(&s, spec("main", "x"), Placement::Before(999)).unwrap_err();
+    assert!(
+        err.to_string().contains("task 999 is not in any queue"),
+        "{err}"
+    );
+    assert_eq!(s.next_seq(), seq, "nothing was logged");
+    assert_eq!(s.queue_ids("main"), vec![a]);
+    assert_eq!(s.queue_len("other"), 0);
+}
+
+#[test]
+fn the_log_agrees_with_the_state_after_every_operation() {
+    let dir = tempdir();
+    let clock = FakeClock::new(T0);
+    let s = open(dir.path(), &clock);
+    let mut rng = fastrand::Rng::with_seed(0xBE27);
+    let queues = ["main", "parallel_queue_0", "named.q"];
+    let mut live: Vec<u64> = Vec::new();
+    for step in 0..400 {
+        clock.advance_ms(rng.u64(1..2000));
+        let q = queues[rng.usize(..queues.len())];
+        let mut w = s.write();
+        match rng.u8(..10) {
+            0..=3 => {
+                let p = match (rng.u8(..4), w.head(q)) {
+                    (1, _) => Placement::First,
+                    (2, Some(h)) => Placement::After(h),
+                    (3, Some(h)) => Placement::Before(h),
+                    _ => Placement::Last,
+                };
+                let t = spec(q, &format!("t{step}"))
+                    .into_task(clock.now_ms(), s.budget())
+                    .unwrap();
+                live.push(w.enqueue(t, Some(p)).unwrap());
+            }
+            4 | 5 => {
+                if let Some(h) = w.head(q) {
+                    if w.task(h).unwrap().status == Status::Queued {
+                        w.start(h).unwrap();
+                    } else if rng.bool() {
+                        w.fail(h, format!("boom {step}"), Some(rng.u64(0..5000)))
+                            .unwrap();
+                    } else {
+                        w.succeed(h, None).unwrap();
+                        w.to_history(h, Status::Succeeded).unwrap();
+                        live.retain(|x| *x != h);
+                    }
+                }
+            }
+            6 => {
+                if !live.is_empty() {
+                    let id = live.swap_remove(rng.usize(..live.len()));
+                    w.remove(id).unwrap();
+                }
+            }
+            7 => {
+                if let Some(h) = w.head(q) {
+                    w.requeue(h, Some(clock.now_ms() + 100)).unwrap();
+                }
+            }
+            _ => {
+                if let Some(h) = w.head(q) {
+                    w.fail(h, "dead".into(), None).unwrap();
+                    w.to_history(h, Status::Failed).unwrap();
+                    live.retain(|x| *x != h);
+                }
+            }
+        }
+        w.commit().unwrap();
+        assert_log_agrees(&s);
+    }
+    assert!(s.next_seq() > 300, "the run really changed things");
+}
+
+#[test]
+fn a_dropped_transaction_changes_nothing() {
+    let dir = tempdir();
+    let clock = FakeClock::new(T0);
+    let s = open(dir.path(), &clock);
+    let a = add(&s, "main", "a", Placement::Last);
+    {
+        let mut w = s.write();
+        let t = spec("main", "b").into_task(T0, s.budget()).unwrap();
+        w.enqueue(t, Some(Placement::First)).unwrap();
+        w.remove(a).unwrap();
+    }
+    assert_eq!(s.queue_ids("main"), vec![a]);
+    assert_log_agrees(&s);
+}
+
+#[test]
+fn a_batch_with_one_bad_entry_writes_nothing_and_names_it() {
+    let dir = tempdir();
+    let clock = FakeClock::new(T0);
+    let s = open(dir.path(), &clock);
+    let mut bad = spec("main", "y");
+    bad.tags = vec!["no spaces allowed".into()];
+    let err = submit::enqueue_batch(&s, vec![spec("main", "x"), bad]).unwrap_err();
+    assert!(err.to_string().starts_with("entry 1, field tags:"), "{err}");
+    assert_eq!(s.queue_len("main"), 0);
+    assert_eq!(s.next_seq(), 1);
+    let ids = submit::enqueue_batch(&s, vec![spec("main", "x"), spec("main", "y")]).unwrap();
+    assert_eq!(s.queue_ids("main"), ids);
+}
+
+#[test]
+fn a_task_running_at_a_crash_goes_back_to_the_head_with_a_failure() {
+    let dir = tempdir();
+    let clock = FakeClock::new(T0);
+    let (a, b);
+    {
+        let s = open(dir.path(), &clock);
+        a = add(&s, "main", "a", Placement::Last);
+        b = add(&s, "main", "b", Placement::Last);
+        let mut w = s.write();
+        w.start(a).unwrap();
+        w.commit().unwrap();
+        // Dropping the store without finishing `a` is what a crash leaves on disk.
+    }
+    let s = open(dir.path(), &clock);
+    assert_eq!(s.recovered(), &[a]);
+    let t = s.task(a).unwrap().unwrap();
+    assert_eq!(t.status, Status::Queued);
+    assert_eq!(t.failures, 1);
+    assert_eq!(t.last_failure.as_deref(), Some(INTERRUPTED));
+    assert_eq!(s.queue_ids("main"), vec![a, b]);
+    let last = s.events_from(1).last().unwrap().unwrap();
+    assert!(matches!(last.kind, EventKind::Failed { id, .. } if id == a));
+    assert_log_agrees(&s);
+    drop(s);
+    // Recovery is done once: a second open finds nothing to recover.
+    let s = open(dir.path(), &clock);
+    assert!(s.recovered().is_empty());
+    assert_eq!(s.task(a).unwrap().unwrap().failures, 1);
+}
+
+#[test]
+fn a_corrupt_record_is_reported_with_its_key_not_trusted() {
+    let dir = tempdir();
+    let clock = FakeClock::new(T0);
+    let (a, b);
+    {
+        let s = open(dir.path(), &clock);
+        a = add(&s, "main", "a", Placement::Last);
+        b = add(&s, "main", "b", Placement::Last);
+        // A later commit, so b's is not the last record (opening re-applies
+        // the last record's writes, which would repair b).
+        add(&s, "other", "c", Placement::Last);
+    }
+    {
+        // Flip one byte of task b's record behind berth's back.
+        let db = sled::open(dir.path().join("db")).unwrap();
+        let key = berth::store::keys::id_key(berth::store::keys::TASK, b);
+        let mut v = db.get(key).unwrap().unwrap().to_vec();
+        let mid = v.len() / 2;
+        v[mid] ^= 0x40;
+        db.insert(key, v).unwrap();
+        db.flush().unwrap();
+    }
+    let s = open(dir.path(), &clock);
+    let key = format!("t/{b}");
+    assert!(
+        s.corrupt_records()
+            .iter()
+            .any(|c| c.key == key && c.reason.contains("checksum")),
+        "{:?}",
+        s.corrupt_records()
+    );
+    let err = s.task(b).unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with(&format!("record {key} is corrupt")),
+        "{err}"
+    );
+    assert_eq!(
+        s.queue_ids("main"),
+        vec![a, b],
+        "the corrupt task is still listed"
+    );
+    let view = berth::report::snapshot(&s, 0, &|_| String::new());
+    assert!(view[0].tasks[1].starts_with(&format!("<corrupt task {b}: record {key} is corrupt")));
+    assert!(
+        verify::verify(&s).is_err(),
+        "verify refuses to trust the corrupt record"
+    );
+}
+
+#[test]
+fn large_payloads_are_compressed_and_over_budget_ones_refused() {
+    let dir = tempdir();
+    let clock = FakeClock::new(T0);
+    let s = open(dir.path(), &clock);
+    let rows: Vec<_> = (0..20_000)
+        .map(|i| serde_json::json!({"module": format!("m{i}"), "enabled": true}))
+        .collect();
+    let mut big = spec("main", "big");
+    big.payload = serde_json::json!(rows);
+    let id = submit::enqueue_one(&s, big.clone(), Placement::Last).unwrap();
+    let t = s.task(id).unwrap().unwrap();
+    assert!(t.payload.compressed);
+    assert_eq!(
+        t.payload.to_json("payload", s.budget()).unwrap(),
+        big.payload
+    );
+
+    let mut rng = fastrand::Rng::with_seed(3);
+    let noise: String = (0..4 << 20).map(|_| rng.alphanumeric()).collect();
+    let mut huge = spec("main", "huge");
+    huge.payload = serde_json::json!(noise);
+    let seq = s.next_seq();
+    let err = submit::enqueue_one(&s, huge, Placement::Last).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("MiB after compression; the object budget is 1.5 MiB"),
+        "{msg}"
+    );
+    assert!(err.is_bad_input());
+    assert_eq!(s.next_seq(), seq);
+    assert_eq!(s.queue_len("main"), 1);
+}
+
+#[test]
+fn a_data_dir_in_use_is_refused_with_a_clear_error() {
+    let dir = tempdir();
+    let clock = FakeClock::new(T0);
+    let _held = Store::open(
+        dir.path(),
+        Options {
+            role: berth::store::Role::Daemon,
+            ..Options::default()
+        },
+        std::sync::Arc::new(clock.clone()),
+    )
+    .unwrap();
+    let err = Store::open(dir.path(), Options::default(), std::sync::Arc::new(clock)).unwrap_err();
+    assert!(matches!(err, OpenError::InUse { .. }));
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with(&format!(
+            "data dir {} is in use by another berth process",
+            dir.path().display()
+        )),
+        "{msg}"
+    );
+}
+
+#[test]
+fn sync_commits_from_many_threads_share_flushes() {
+    let dir = tempdir();
+    let clock = FakeClock::new(T0);
+    let s = open(dir.path(), &clock);
+    let before = s.flush_count();
+    std::thread::scope(|sc| {
+        for t in 0..8 {
+            let s = &s;
+            sc.spawn(move || {
+                for i in 0..40 {
+                    add(s, "main", &format!("t{t}-{i}"), Placement::Last);
+                }
+            });
+        }
+    });
+    assert_eq!(s.queue_len("main"), 320);
+    let flushes = s.flush_count() - before;
+    assert!(flushes <= 320, "at most one flush per commit ({flushes})");
+    assert_log_agrees(&s);
+}
+
+#[test]
+fn wrong_state_transitions_are_refused() {
+    let dir = tempdir();
+    let clock = FakeClock::new(T0);
+    let s = open(dir.path(), &clock);
+    let a = add(&s, "main", "a", Placement::Last);
+    let mut w = s.write();
+    let e = w.succeed(a, None).unwrap_err();
+    assert!(matches!(e, WriteError::WrongState { .. }), "{e}");
+    assert_eq!(
+        e.to_string(),
+        format!("task {a} is queued; cannot mark it succeeded")
+    );
+}
+
+#[test]
+fn opening_re_applies_a_commit_whose_writes_were_cut_short() {
+    let dir = tempdir();
+    let clock = FakeClock::new(T0);
+    let (a, b);
+    {
+        let s = open(dir.path(), &clock);
+        a = add(&s, "main", "a", Placement::Last);
+        b = add(&s, "main", "b", Placement::Last);
+    }
+    {
+        // What a crash between the commit record and its writes leaves behind:
+        // the record of b's commit is there, its task and queue keys are not.
+        let db = sled::open(dir.path().join("db")).unwrap();
+        db.remove(berth::store::keys::id_key(berth::store::keys::TASK, b))
+            .unwrap();
+        let qkeys: Vec<_> = db
+            .scan_prefix(b"qmain")
+            .keys()
+            .map(|k| k.unwrap())
+            .collect();
+        db.remove(qkeys.last().unwrap()).unwrap();
+        db.flush().unwrap();
+    }
+    let s = open(dir.path(), &clock);
+    assert_eq!(s.queue_ids("main"), vec![a, b]);
+    assert_eq!(s.task(b).unwrap().unwrap().name, "b");
+    assert_log_agrees(&s);
+}
