@@ -11,6 +11,13 @@ use std::time::{SystemTime, UNIX_EPOCH};
 /// A source of wall-clock time in milliseconds since the Unix epoch.
 pub trait Clock: Send + Sync + std::fmt::Debug {
     fn now_ms(&self) -> u64;
+
+    /// Moves time forward to `ms` instead of waiting for it, if this clock
+    /// can (a fake clock in auto-advance mode). The engine calls it only when
+    /// nothing is running, so tests of backoff run instantly and in order.
+    fn skip_to(&self, _ms: u64) -> bool {
+        false
+    }
 }
 
 /// The real clock.
@@ -26,25 +33,45 @@ impl Clock for SystemClock {
     }
 }
 
-/// A clock that only moves when a test tells it to. Clones share one time.
+/// A clock that only moves when a test tells it to (or, in auto-advance
+/// mode, when the engine would otherwise wait). Clones share one time.
 #[derive(Debug, Clone)]
-pub struct FakeClock(Arc<AtomicU64>);
+pub struct FakeClock {
+    now: Arc<AtomicU64>,
+    auto: Arc<std::sync::atomic::AtomicBool>,
+}
 
 impl FakeClock {
     pub fn new(start_ms: u64) -> Self {
-        FakeClock(Arc::new(AtomicU64::new(start_ms)))
+        FakeClock {
+            now: Arc::new(AtomicU64::new(start_ms)),
+            auto: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        }
+    }
+    /// A fake clock that jumps to the engine's next deadline instead of waiting.
+    pub fn auto_advancing(start_ms: u64) -> Self {
+        let c = Self::new(start_ms);
+        c.auto.store(true, Ordering::SeqCst);
+        c
     }
     pub fn advance_ms(&self, ms: u64) {
-        self.0.fetch_add(ms, Ordering::SeqCst);
+        self.now.fetch_add(ms, Ordering::SeqCst);
     }
     pub fn set_ms(&self, ms: u64) {
-        self.0.store(ms, Ordering::SeqCst);
+        self.now.store(ms, Ordering::SeqCst);
     }
 }
 
 impl Clock for FakeClock {
     fn now_ms(&self) -> u64 {
-        self.0.load(Ordering::SeqCst)
+        self.now.load(Ordering::SeqCst)
+    }
+    fn skip_to(&self, ms: u64) -> bool {
+        if !self.auto.load(Ordering::SeqCst) {
+            return false;
+        }
+        self.now.fetch_max(ms, Ordering::SeqCst);
+        true
     }
 }
 

@@ -3,9 +3,12 @@
 //! Data flows one way: the CLI and daemon call the engine, the engine calls
 //! the store, the store frames records with the codec. See ARCHITECTURE.md.
 
+pub mod backoff;
 pub mod budget;
 pub mod clock;
 pub mod codec;
+pub mod engine;
+pub mod groups;
 pub mod report;
 pub mod store;
 pub mod submit;

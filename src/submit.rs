@@ -2,6 +2,7 @@
 //! nothing. Validation and the size budget are checked for every entry before
 //! anything is written; errors name the entry's index and field.
 
+use crate::groups::{self, Entry};
 use crate::store::{Placement, Store, WriteError, WriteTxn};
 use crate::task::{TaskBuildError, TaskSpec};
 
@@ -63,25 +64,43 @@ pub fn enqueue_one(
     Ok(id)
 }
 
-/// Stages a batch in `w`: every spec is checked first, then all are added at
-/// the tail of their queues in the given order. Returns the ids.
+/// Stages a batch in `w`: every spec is checked first; then the batch is
+/// ordered by weight and each run of equal weight in one queue becomes a
+/// group (see [`groups`](crate::groups)). Returns the ids of the tasks added
+/// to queues (singles and group parents), in queue order.
 pub fn stage_batch(
     w: &mut WriteTxn<'_>,
     store: &Store,
     specs: Vec<TaskSpec>,
 ) -> Result<Vec<u64>, EnqueueError> {
     let now = store.clock().now_ms();
-    let tasks = specs
-        .into_iter()
-        .enumerate()
-        .map(|(i, s)| {
-            s.into_task(now, store.budget())
-                .map_err(|e| EnqueueError::from_build(Some(i), e))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut ids = Vec::with_capacity(tasks.len());
-    for task in tasks {
-        ids.push(w.enqueue(task, Some(Placement::Last))?);
+    for (i, s) in specs.iter().enumerate() {
+        s.validate()
+            .map_err(|e| EnqueueError::from_build(Some(i), e.into()))?;
+    }
+    // Remember each spec's index for error messages, through the reordering.
+    let indexed: Vec<TaskSpec> = specs;
+    let index_of = |spec: &TaskSpec| indexed.iter().position(|s| s == spec);
+    let build = |spec: TaskSpec| {
+        let i = index_of(&spec);
+        spec.into_task(now, store.budget())
+            .map_err(|e| EnqueueError::from_build(i, e))
+    };
+    let mut ids = Vec::new();
+    for entry in groups::plan(indexed.clone()) {
+        match entry {
+            Entry::Single(spec) => ids.push(w.enqueue(build(spec)?, Some(Placement::Last))?),
+            Entry::Group(children) => {
+                let mut parent = build(groups::parent_spec(&children))?;
+                parent.id = w.allocate_id();
+                for child in children {
+                    let mut t = build(child)?;
+                    t.parent = Some(parent.id);
+                    parent.children.push(w.enqueue(t, None)?);
+                }
+                ids.push(w.enqueue(parent, Some(Placement::Last))?);
+            }
+        }
     }
     Ok(ids)
 }

@@ -178,7 +178,7 @@ impl TaskSpec {
     pub fn validate(&self) -> Result<(), SpecError> {
         check_name("queue", &self.queue).map_err(|r| spec_err("queue", r))?;
         check_name("kind", &self.kind).map_err(|r| spec_err("kind", r))?;
-        check_text("name", &self.name, true, 512)?;
+        check_text("name", &self.name, false, 512)?;
         if let Some(d) = &self.description {
             check_text("description", d, false, 1024)?;
         }
@@ -277,7 +277,7 @@ mod tests {
         s.queue = "no spaces".into();
         assert_eq!(s.validate().unwrap_err().field, "queue");
         let mut s = spec();
-        s.name = String::new();
+        s.name = "a\tb".into();
         assert_eq!(s.validate().unwrap_err().field, "name");
         let mut s = spec();
         s.tags = vec!["ok".into(), "not ok".into()];

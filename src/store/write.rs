@@ -159,6 +159,26 @@ impl<'s> WriteTxn<'s> {
         self.inner().order.ids(queue)
     }
 
+    /// Non-empty queues and their lengths, in name order, as this transaction sees them.
+    pub fn queues(&mut self) -> Vec<(String, usize)> {
+        self.inner().order.queues()
+    }
+
+    /// The queue a task is placed in, as this transaction sees it.
+    pub fn queue_of(&mut self, id: u64) -> Option<String> {
+        self.inner().order.queue_of(id).map(str::to_string)
+    }
+
+    /// The length of a queue, as this transaction sees it.
+    pub fn queue_len(&mut self, queue: &str) -> usize {
+        self.inner().order.len(queue)
+    }
+
+    /// Whether the task exists (live or finished) as this transaction sees it.
+    pub fn exists(&mut self, id: u64) -> bool {
+        self.slot(id).is_ok()
+    }
+
     /// Whether the task is live (not in the history, not removed).
     pub fn is_live(&mut self, id: u64) -> Result<bool, WriteError> {
         Ok(self.slot(id)?.home != Home::History)

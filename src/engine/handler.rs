@@ -1,0 +1,167 @@
+//! Handlers: what runs a task, looked up by its kind. A handler has an
+//! optional `pre` step (Tendrl's pre atoms: a failure skips `run` and fails
+//! the attempt with `pre-check failed: ...`), `run`, and an optional `post`
+//! step (a failure fails the attempt). A panic anywhere becomes
+//! `Fail("handler panicked: ...")`.
+
+use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::task::{Task, TaskSpec};
+
+/// What a handler sees of a task.
+#[derive(Debug, Clone)]
+pub struct TaskContext {
+    /// The task as stored (payload still encoded; use `payload`).
+    pub task: Task,
+    pub payload: serde_json::Value,
+    /// 1 on the first run.
+    pub attempt: u32,
+    /// This engine's node name, if configured.
+    pub node: Option<String>,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunResult {
+    Success,
+    Fail(String),
+    /// Run again at once; not counted as a failure.
+    Repeat,
+    /// Stay at the head and run again after a delay; not a failure.
+    Keep,
+}
+
+/// Where a follow-up task goes in the current task's queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FollowUpAt {
+    Head,
+    Tail,
+    AfterCurrent,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct FollowUp {
+    pub spec: TaskSpec,
+    pub at: FollowUpAt,
+}
+
+/// A run's full outcome.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    pub result: RunResult,
+    /// Stored as the task's result (JSON).
+    pub output: Option<serde_json::Value>,
+    /// Tasks to add (applied unless the run failed).
+    pub follow_ups: Vec<FollowUp>,
+    /// The queue sleeps this long before its next task (or, with Keep, before
+    /// running this one again).
+    pub delay: Option<Duration>,
+}
+
+impl Outcome {
+    pub fn new(result: RunResult) -> Self {
+        Outcome {
+            result,
+            output: None,
+            follow_ups: Vec::new(),
+            delay: None,
+        }
+    }
+    pub fn success() -> Self {
+        Self::new(RunResult::Success)
+    }
+    pub fn fail(message: impl Into<String>) -> Self {
+        Self::new(RunResult::Fail(message.into()))
+    }
+    pub fn with_output(mut self, v: serde_json::Value) -> Self {
+        self.output = Some(v);
+        self
+    }
+    pub fn with_delay(mut self, d: Duration) -> Self {
+        self.delay = Some(d);
+        self
+    }
+    pub fn with_follow_up(mut self, spec: TaskSpec, at: FollowUpAt) -> Self {
+        self.follow_ups.push(FollowUp { spec, at });
+        self
+    }
+}
+
+/// Runs tasks of one or more kinds. Implementations must be thread-safe:
+/// several tasks of one kind can run at once in different queues.
+pub trait Handler: Send + Sync {
+    fn pre(&self, _ctx: &TaskContext) -> Result<(), String> {
+        Ok(())
+    }
+    fn run(&self, ctx: &TaskContext) -> Outcome;
+    fn post(&self, _ctx: &TaskContext, _outcome: &Outcome) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// Any `Fn(&TaskContext) -> Outcome` is a handler with no pre or post step.
+impl<F> Handler for F
+where
+    F: Fn(&TaskContext) -> Outcome + Send + Sync,
+{
+    fn run(&self, ctx: &TaskContext) -> Outcome {
+        self(ctx)
+    }
+}
+
+/// Handlers by task kind.
+#[derive(Clone, Default)]
+pub struct Handlers {
+    by_kind: HashMap<String, Arc<dyn Handler>>,
+}
+
+impl Handlers {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn register(&mut self, kind: impl Into<String>, h: impl Handler + 'static) -> &mut Self {
+        self.by_kind.insert(kind.into(), Arc::new(h));
+        self
+    }
+    pub fn register_arc(&mut self, kind: impl Into<String>, h: Arc<dyn Handler>) -> &mut Self {
+        self.by_kind.insert(kind.into(), h);
+        self
+    }
+    pub fn get(&self, kind: &str) -> Option<&Arc<dyn Handler>> {
+        self.by_kind.get(kind)
+    }
+}
+
+fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a non-text panic".into()
+    }
+}
+
+/// Runs one attempt through pre, run and post, turning panics into failures.
+pub fn run_attempt(handlers: &Handlers, ctx: &TaskContext) -> Outcome {
+    let Some(h) = handlers.get(&ctx.task.kind) else {
+        return Outcome::fail(format!("no handler for kind {}", ctx.task.kind));
+    };
+    let guarded = catch_unwind(AssertUnwindSafe(|| {
+        if let Err(e) = h.pre(ctx) {
+            return Outcome::fail(format!("pre-check failed: {e}"));
+        }
+        let outcome = h.run(ctx);
+        match h.post(ctx, &outcome) {
+            Ok(()) => outcome,
+            Err(e) => Outcome {
+                result: RunResult::Fail(format!("post-check failed: {e}")),
+                ..outcome
+            },
+        }
+    }));
+    guarded.unwrap_or_else(|p| Outcome::fail(format!("handler panicked: {}", panic_text(p))))
+}

@@ -1,0 +1,322 @@
+//! The engine: runs the store's queues on a worker pool.
+//!
+//! One scheduler loop (the thread that calls [`Engine::run`]) owns queue
+//! state; a [`Pool`] of workers runs handlers; workers report back over a
+//! channel. Library users enqueue through the engine, which wakes the loop.
+//! See `scheduler` for the per-step logic and its invariants.
+
+pub mod handler;
+pub mod pool;
+pub mod scheduler;
+pub mod status;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+
+use crate::backoff::Backoff;
+use crate::report::{self, QueueView};
+use crate::store::{Placement, Store, WriteError};
+use crate::submit::{self, EnqueueError};
+use crate::task::TaskSpec;
+
+pub use handler::{FollowUp, FollowUpAt, Handler, Handlers, Outcome, RunResult, TaskContext};
+pub use pool::Pool;
+pub use scheduler::Tally;
+use scheduler::{Msg, Scheduler, StepEnv};
+use status::QueueActivity;
+
+/// How the engine runs.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// `parallel_queue_0 .. parallel_queue_{N-1}`.
+    pub parallel_queues: usize,
+    /// Worker threads; 0 means `parallel_queues + 2`.
+    pub workers: usize,
+    pub backoff: Backoff,
+    /// How long a `Keep` result waits when its handler gives no delay.
+    pub keep_delay: Duration,
+    /// How long a stop waits for running handlers.
+    pub grace: Duration,
+    /// This node's name, handed to handlers.
+    pub node: Option<String>,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            parallel_queues: 10,
+            workers: 0,
+            backoff: Backoff::default(),
+            keep_delay: Duration::from_secs(5),
+            grace: Duration::from_secs(30),
+            node: None,
+        }
+    }
+}
+
+impl EngineConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.parallel_queues == 0 || self.parallel_queues > 1000 {
+            return Err("parallel_queues must be between 1 and 1000".into());
+        }
+        if self.workers > 4096 {
+            return Err("workers must be at most 4096".into());
+        }
+        if self.backoff.initial > self.backoff.max {
+            return Err("retry.initial must not be larger than retry.max".into());
+        }
+        Ok(())
+    }
+
+    pub fn worker_count(&self) -> usize {
+        if self.workers == 0 {
+            self.parallel_queues + 2
+        } else {
+            self.workers
+        }
+    }
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunSummary {
+    pub tally: Tally,
+    /// Handlers still running when the grace period ran out.
+    pub abandoned: usize,
+}
+
+/// A handle that asks a running engine to stop.
+#[derive(Clone)]
+pub struct StopHandle {
+    flag: Arc<AtomicBool>,
+    tx: Sender<Msg>,
+}
+
+impl StopHandle {
+    pub fn stop(&self) {
+        self.flag.store(true, Ordering::SeqCst);
+        let _ = self.tx.send(Msg::Wake);
+    }
+    /// The flag itself, for signal handlers (which cannot send).
+    pub fn flag(&self) -> Arc<AtomicBool> {
+        self.flag.clone()
+    }
+}
+
+pub struct Engine {
+    store: Arc<Store>,
+    handlers: Arc<Handlers>,
+    config: EngineConfig,
+    pool: Pool,
+    tx: Sender<Msg>,
+    rx: Receiver<Msg>,
+    stop: Arc<AtomicBool>,
+    sched: Mutex<Scheduler>,
+    /// The latest queue activities, published by the loop for `queue list`.
+    view: Mutex<(BTreeMap<String, QueueActivity>, bool)>,
+}
+
+/// The longest the loop sleeps without looking at the stop flag.
+const POLL: Duration = Duration::from_millis(100);
+
+impl Engine {
+    pub fn new(
+        store: Arc<Store>,
+        handlers: Handlers,
+        config: EngineConfig,
+    ) -> Result<Engine, String> {
+        config.validate()?;
+        let pool = Pool::new(config.worker_count(), "berth-worker")
+            .map_err(|e| format!("starting {} worker threads: {e}", config.worker_count()))?;
+        let (tx, rx) = crossbeam_channel::unbounded();
+        Ok(Engine {
+            store,
+            handlers: Arc::new(handlers),
+            config,
+            pool,
+            tx,
+            rx,
+            stop: Arc::new(AtomicBool::new(false)),
+            sched: Mutex::new(Scheduler::new()),
+            view: Mutex::new((BTreeMap::new(), false)),
+        })
+    }
+
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    pub fn stop_handle(&self) -> StopHandle {
+        StopHandle {
+            flag: self.stop.clone(),
+            tx: self.tx.clone(),
+        }
+    }
+
+    /// Adds one task and wakes the loop.
+    pub fn enqueue(&self, spec: TaskSpec, placement: Placement) -> Result<u64, EnqueueError> {
+        let id = submit::enqueue_one(&self.store, spec, placement)?;
+        let _ = self.tx.send(Msg::Wake);
+        Ok(id)
+    }
+
+    /// Adds a batch (ordered by weight, same-weight runs grouped), all or nothing.
+    pub fn enqueue_batch(&self, specs: Vec<TaskSpec>) -> Result<Vec<u64>, EnqueueError> {
+        let ids = submit::enqueue_batch(&self.store, specs)?;
+        let _ = self.tx.send(Msg::Wake);
+        Ok(ids)
+    }
+
+    /// Wakes the loop (after a change made directly in the store).
+    pub fn wake(&self) {
+        let _ = self.tx.send(Msg::Wake);
+    }
+
+    /// The queue set with live statuses.
+    pub fn queue_views(&self) -> Vec<QueueView> {
+        let now = self.store.clock().now_ms();
+        let (acts, stopping) = {
+            let v = self.view.lock().unwrap_or_else(|p| p.into_inner());
+            (v.0.clone(), v.1)
+        };
+        report::snapshot(&self.store, self.config.parallel_queues, &|q| {
+            if self.store.queue_len(q) == 0 {
+                return String::new();
+            }
+            if stopping {
+                return status::render(&QueueActivity::Stop, now);
+            }
+            acts.get(q)
+                .map(|a| status::render(a, now))
+                .unwrap_or_default()
+        })
+    }
+
+    fn publish(&self, sched: &Scheduler, stopping: bool) {
+        let acts = sched.activities(self.store.clock().now_ms());
+        *self.view.lock().unwrap_or_else(|p| p.into_inner()) = (acts, stopping);
+    }
+
+    fn env(&self) -> StepEnv<'_> {
+        StepEnv {
+            config: &self.config,
+            handlers: &self.handlers,
+            budget: self.store.budget(),
+            tx: &self.tx,
+        }
+    }
+
+    /// One step: apply completions, start ready heads, in one write.
+    fn step(
+        &self,
+        sched: &mut Scheduler,
+        done: Vec<scheduler::Completion>,
+        dispatch: bool,
+    ) -> Result<(), WriteError> {
+        let env = self.env();
+        let mut w = self.store.write();
+        for c in done {
+            sched.complete(&mut w, &env, c)?;
+        }
+        let jobs = if dispatch {
+            sched.dispatch(&mut w, &env)?
+        } else {
+            Vec::new()
+        };
+        w.commit()?;
+        for j in jobs {
+            self.pool.submit(j);
+        }
+        Ok(())
+    }
+
+    fn collect(&self, first: Msg, done: &mut Vec<scheduler::Completion>) {
+        let mut push = |m: Msg| {
+            if let Msg::Done(c) = m {
+                done.push(c);
+            }
+        };
+        push(first);
+        while let Ok(m) = self.rx.try_recv() {
+            push(m);
+        }
+    }
+
+    /// Runs until every queue is empty and nothing runs.
+    pub fn run_until_idle(&self) -> Result<RunSummary, WriteError> {
+        self.run_loop(true)
+    }
+
+    /// Runs until stopped (see [`StopHandle`]); then waits up to the grace
+    /// period for running handlers and returns.
+    pub fn run(&self) -> Result<RunSummary, WriteError> {
+        self.run_loop(false)
+    }
+
+    fn run_loop(&self, until_idle: bool) -> Result<RunSummary, WriteError> {
+        let mut sched = self.sched.lock().unwrap_or_else(|p| p.into_inner());
+        let clock = self.store.clock().clone();
+        let mut done = Vec::new();
+        let mut grace_end: Option<Instant> = None;
+        loop {
+            let stopping = self.stop.load(Ordering::SeqCst);
+            if stopping && grace_end.is_none() {
+                log::info!(
+                    "stopping: no new tasks start; waiting up to {:?} for {} running",
+                    self.config.grace,
+                    sched.in_flight()
+                );
+                grace_end = Some(Instant::now() + self.config.grace);
+            }
+            self.step(&mut sched, std::mem::take(&mut done), !stopping)?;
+            self.publish(&sched, stopping);
+            if stopping && sched.in_flight() == 0 {
+                break;
+            }
+            if until_idle && sched.in_flight() == 0 && self.store.queued_total() == 0 {
+                break;
+            }
+            let now = clock.now_ms();
+            let wake = sched.next_wake(now);
+            if sched.in_flight() == 0 && !stopping {
+                if let Some(at) = wake {
+                    if clock.skip_to(at) {
+                        continue;
+                    }
+                }
+            }
+            let mut timeout = wake.map_or(POLL, |at| Duration::from_millis(at - now).min(POLL));
+            if let Some(end) = grace_end {
+                let left = end.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    log::warn!(
+                        "grace period over; {} task(s) still running are left to recovery",
+                        sched.in_flight()
+                    );
+                    break;
+                }
+                timeout = timeout.min(left);
+            }
+            match self.rx.recv_timeout(timeout) {
+                Ok(m) => self.collect(m, &mut done),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        if let Err(e) = self.store.flush() {
+            log::error!("final flush failed: {e}");
+        }
+        Ok(RunSummary {
+            tally: sched.tally,
+            abandoned: sched.in_flight(),
+        })
+    }
+}

@@ -1,0 +1,160 @@
+//! A fixed pool of worker threads on crossbeam-deque: jobs go into a global
+//! `Injector`; each worker pops its own `Worker` deque, then steals a batch
+//! from the injector, then steals from its siblings (the canonical loop from
+//! crossbeam-deque's docs). Idle workers park on a condvar, so an idle pool
+//! uses no CPU.
+
+use std::iter;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+
+use crossbeam_deque::{Injector, Stealer, Worker};
+
+pub type Job = Box<dyn FnOnce() + Send + 'static>;
+
+struct Shared {
+    injector: Injector<Job>,
+    stealers: Vec<Stealer<Job>>,
+    sleep: Mutex<()>,
+    wake: Condvar,
+    stop: AtomicBool,
+    busy: AtomicUsize,
+}
+
+pub struct Pool {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+fn find_job(local: &Worker<Job>, shared: &Shared) -> Option<Job> {
+    local.pop().or_else(|| {
+        iter::repeat_with(|| {
+            shared
+                .injector
+                .steal_batch_and_pop(local)
+                .or_else(|| shared.stealers.iter().map(|s| s.steal()).collect())
+        })
+        .find(|s| !s.is_retry())
+        .and_then(|s| s.success())
+    })
+}
+
+impl Pool {
+    /// Starts `size` workers (at least one).
+    pub fn new(size: usize, name: &str) -> std::io::Result<Pool> {
+        let size = size.max(1);
+        let locals: Vec<Worker<Job>> = (0..size).map(|_| Worker::new_fifo()).collect();
+        let shared = Arc::new(Shared {
+            injector: Injector::new(),
+            stealers: locals.iter().map(Worker::stealer).collect(),
+            sleep: Mutex::new(()),
+            wake: Condvar::new(),
+            stop: AtomicBool::new(false),
+            busy: AtomicUsize::new(0),
+        });
+        let mut threads = Vec::with_capacity(size);
+        for (i, local) in locals.into_iter().enumerate() {
+            let shared = shared.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("{name}-{i}"))
+                    .spawn(move || worker_loop(local, &shared))?,
+            );
+        }
+        Ok(Pool { shared, threads })
+    }
+
+    /// Queues a job and wakes a parked worker.
+    pub fn submit(&self, job: Job) {
+        self.shared.injector.push(job);
+        let _guard = self.shared.sleep.lock().unwrap_or_else(|p| p.into_inner());
+        self.shared.wake.notify_one();
+    }
+
+    /// Workers running a job now.
+    pub fn busy(&self) -> usize {
+        self.shared.busy.load(Ordering::SeqCst)
+    }
+
+    pub fn size(&self) -> usize {
+        self.threads.len()
+    }
+}
+
+fn worker_loop(local: Worker<Job>, shared: &Shared) {
+    loop {
+        if let Some(job) = find_job(&local, shared) {
+            shared.busy.fetch_add(1, Ordering::SeqCst);
+            job();
+            shared.busy.fetch_sub(1, Ordering::SeqCst);
+            continue;
+        }
+        let guard = shared.sleep.lock().unwrap_or_else(|p| p.into_inner());
+        if shared.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        // Checked under the lock `submit` takes after pushing: no lost wake-up.
+        if shared.injector.is_empty() && shared.stealers.iter().all(Stealer::is_empty) {
+            drop(shared.wake.wait(guard).unwrap_or_else(|p| p.into_inner()));
+        }
+    }
+}
+
+impl Drop for Pool {
+    /// Stops the workers once the queued jobs are done. Workers stuck in a
+    /// job are not waited for.
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        {
+            let _guard = self.shared.sleep.lock().unwrap_or_else(|p| p.into_inner());
+            self.shared.wake.notify_all();
+        }
+        for t in self.threads.drain(..) {
+            if t.is_finished() || self.shared.busy.load(Ordering::SeqCst) == 0 {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    #[test]
+    fn runs_every_job_on_several_threads() {
+        let pool = Pool::new(4, "test").unwrap();
+        let (tx, rx) = mpsc::channel();
+        for i in 0..200 {
+            let tx = tx.clone();
+            pool.submit(Box::new(move || {
+                tx.send((i, std::thread::current().name().unwrap_or("").to_string()))
+                    .unwrap();
+            }));
+        }
+        drop(tx);
+        let got: Vec<_> = rx.iter().collect();
+        assert_eq!(got.len(), 200);
+        let mut ids: Vec<_> = got.iter().map(|(i, _)| *i).collect();
+        ids.sort();
+        assert_eq!(ids, (0..200).collect::<Vec<_>>());
+        assert!(got.iter().all(|(_, n)| n.starts_with("test-")));
+    }
+
+    #[test]
+    fn jobs_run_concurrently() {
+        // Four jobs that each wait for all four to have started: only
+        // possible if four workers run at once.
+        let pool = Pool::new(4, "conc").unwrap();
+        let barrier = Arc::new(std::sync::Barrier::new(5));
+        for _ in 0..4 {
+            let b = barrier.clone();
+            pool.submit(Box::new(move || {
+                b.wait();
+            }));
+        }
+        barrier.wait();
+    }
+}

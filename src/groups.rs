@@ -1,0 +1,172 @@
+//! Same-weight groups (addon-operator's ParallelModuleRun): planning a batch
+//! into single tasks and groups, and the parent's name and error message as
+//! its children progress.
+//!
+//! A batch is ordered by weight (stable; no weight sorts as 0 and never
+//! groups). Each run of two or more consecutive specs with the same weight
+//! and queue becomes a group: one parent in that queue, the children waiting
+//! outside every queue until the parent reaches the head (see `engine`).
+
+use crate::task::TaskSpec;
+
+/// One step of a planned batch.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Entry {
+    Single(TaskSpec),
+    Group(Vec<TaskSpec>),
+}
+
+/// Orders specs by weight and groups runs of equal weight in one queue.
+pub fn plan(mut specs: Vec<TaskSpec>) -> Vec<Entry> {
+    specs.sort_by_key(|s| s.weight.unwrap_or(0));
+    let mut out: Vec<Entry> = Vec::new();
+    let mut run: Vec<TaskSpec> = Vec::new();
+    let flush = |run: &mut Vec<TaskSpec>, out: &mut Vec<Entry>| match run.len() {
+        0 => {}
+        1 => out.push(Entry::Single(run.remove(0))),
+        _ => out.push(Entry::Group(std::mem::take(run))),
+    };
+    for s in specs {
+        let joins = match run.last() {
+            Some(last) => s.weight.is_some() && last.weight == s.weight && last.queue == s.queue,
+            None => false,
+        };
+        if !joins {
+            flush(&mut run, &mut out);
+        }
+        run.push(s);
+    }
+    flush(&mut run, &mut out);
+    out
+}
+
+/// `Parallel run for a, b, c`.
+pub fn parent_name<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
+    format!(
+        "Parallel run for {}",
+        names.into_iter().collect::<Vec<_>>().join(", ")
+    )
+}
+
+/// `Parallel<Kind>` when the children share a kind, `ParallelRun` otherwise.
+pub fn parent_kind(children: &[TaskSpec]) -> String {
+    match children.first() {
+        Some(f) if children.iter().all(|c| c.kind == f.kind) => format!("Parallel{}", f.kind),
+        _ => "ParallelRun".to_string(),
+    }
+}
+
+/// The parent's spec: same queue and weight, shared description and target.
+pub fn parent_spec(children: &[TaskSpec]) -> TaskSpec {
+    let first = &children[0];
+    let shared = |f: fn(&TaskSpec) -> &Option<String>| {
+        let v = f(first);
+        children
+            .iter()
+            .all(|c| f(c) == v)
+            .then(|| v.clone())
+            .flatten()
+    };
+    TaskSpec {
+        queue: first.queue.clone(),
+        kind: parent_kind(children),
+        name: parent_name(children.iter().map(|c| c.name.as_str())),
+        description: shared(|c| &c.description),
+        weight: first.weight,
+        payload: serde_json::Value::Null,
+        tags: Vec::new(),
+        target: shared(|c| &c.target),
+        compaction_key: None,
+    }
+}
+
+/// `Errors:` and one `- name: message` line per child whose last attempt
+/// failed; None when no child has a standing error.
+pub fn errors_message<'a>(failed: impl IntoIterator<Item = (&'a str, &'a str)>) -> Option<String> {
+    let lines: Vec<String> = failed
+        .into_iter()
+        .map(|(n, m)| format!("- {n}: {m}"))
+        .collect();
+    (!lines.is_empty()).then(|| format!("Errors:\n{}", lines.join("\n")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(name: &str, weight: Option<i64>) -> TaskSpec {
+        TaskSpec {
+            queue: "main".into(),
+            kind: "ModuleRun".into(),
+            name: name.into(),
+            description: Some("doStartup:OperatorStartup".into()),
+            weight,
+            ..Default::default()
+        }
+    }
+
+    fn names(e: &Entry) -> Vec<&str> {
+        match e {
+            Entry::Single(s) => vec![s.name.as_str()],
+            Entry::Group(g) => g.iter().map(|s| s.name.as_str()).collect(),
+        }
+    }
+
+    #[test]
+    fn equal_weights_group_and_order_is_stable() {
+        let plan = plan(vec![
+            s("c", Some(20)),
+            s("a", Some(10)),
+            s("b", Some(10)),
+            s("d", Some(20)),
+            s("e", Some(30)),
+            s("x", None),
+            s("y", None),
+        ]);
+        let got: Vec<_> = plan.iter().map(names).collect();
+        assert_eq!(
+            got,
+            vec![
+                vec!["x"],
+                vec!["y"],
+                vec!["a", "b"],
+                vec!["c", "d"],
+                vec!["e"]
+            ]
+        );
+        assert!(matches!(plan[2], Entry::Group(_)));
+        assert!(matches!(plan[4], Entry::Single(_)));
+    }
+
+    #[test]
+    fn different_queues_do_not_group() {
+        let mut b = s("b", Some(1));
+        b.queue = "other".into();
+        let plan = plan(vec![s("a", Some(1)), b]);
+        assert_eq!(plan.len(), 2);
+    }
+
+    #[test]
+    fn parent_spec_follows_the_seed() {
+        let children = vec![s("echo", Some(5)), s("mcplay", Some(5))];
+        let p = parent_spec(&children);
+        assert_eq!(p.kind, "ParallelModuleRun");
+        assert_eq!(p.name, "Parallel run for echo, mcplay");
+        assert_eq!(p.description.as_deref(), Some("doStartup:OperatorStartup"));
+        let mut mixed = children.clone();
+        mixed[1].kind = "Other".into();
+        mixed[1].description = None;
+        let p = parent_spec(&mixed);
+        assert_eq!(p.kind, "ParallelRun");
+        assert_eq!(p.description, None);
+    }
+
+    #[test]
+    fn errors_message_lists_failed_children() {
+        assert_eq!(errors_message([]), None);
+        assert_eq!(
+            errors_message([("echo", "boom"), ("mcplay", "bang")]).unwrap(),
+            "Errors:\n- echo: boom\n- mcplay: bang"
+        );
+    }
+}
