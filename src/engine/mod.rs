@@ -117,7 +117,7 @@ pub struct Engine {
     stop: Arc<AtomicBool>,
     sched: Mutex<Scheduler>,
     /// The latest queue activities, published by the loop for `queue list`.
-    view: Mutex<(BTreeMap<String, QueueActivity>, bool)>,
+    view: Mutex<(BTreeMap<String, scheduler::LiveActivity>, bool)>,
 }
 
 /// The longest the loop sleeps without looking at the stop flag.
@@ -195,7 +195,7 @@ impl Engine {
                 return status::render(&QueueActivity::Stop, now);
             }
             acts.get(q)
-                .map(|a| status::render(a, now))
+                .map(|a| status::render(&a.current(), now))
                 .unwrap_or_default()
         })
     }

@@ -60,6 +60,24 @@ struct QueueState {
     activity_after: Option<QueueActivity>,
 }
 
+/// A queue's activity as of the last step, plus the pickup flag of a job
+/// waiting for a worker.
+#[derive(Debug, Clone)]
+pub struct LiveActivity {
+    pub activity: QueueActivity,
+    pub picked: Option<Arc<AtomicBool>>,
+}
+
+impl LiveActivity {
+    /// The activity now.
+    pub fn current(&self) -> QueueActivity {
+        match &self.picked {
+            Some(p) if p.load(Ordering::SeqCst) => QueueActivity::Running,
+            _ => self.activity.clone(),
+        }
+    }
+}
+
 /// Counts of how tasks ended, for `--until-idle` and metrics.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Tally {
@@ -114,13 +132,16 @@ impl Scheduler {
             .min()
     }
 
-    /// Each known queue's activity now.
-    pub fn activities(&self, now: u64) -> BTreeMap<String, QueueActivity> {
+    /// Each known queue's activity now. A job not yet picked up by a worker
+    /// carries its flag, so a reader sees the pickup without a new snapshot.
+    pub fn activities(&self, now: u64) -> BTreeMap<String, LiveActivity> {
         self.queues
             .iter()
             .map(|(name, q)| {
+                let mut picked = None;
                 let a = match &q.running {
                     Some(r) if !r.group && !r.picked.load(Ordering::SeqCst) => {
+                        picked = Some(r.picked.clone());
                         QueueActivity::WaitingForWorker { since_ms: r.since }
                     }
                     Some(_) => QueueActivity::Running,
@@ -135,7 +156,13 @@ impl Scheduler {
                         None => QueueActivity::Idle,
                     },
                 };
-                (name.clone(), a)
+                (
+                    name.clone(),
+                    LiveActivity {
+                        activity: a,
+                        picked,
+                    },
+                )
             })
             .collect()
     }

@@ -77,3 +77,102 @@ pub fn assert_text_eq(actual: &str, expected: &str) {
     }
     panic!("texts differ:\n{diff}\n--- actual ---\n{actual}");
 }
+
+/// Waits until `cond` holds, checking every millisecond, for at most 20 s.
+/// This waits on a condition the code under test makes true; it is not a
+/// sleep that hopes something happened.
+pub fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed().as_secs() < 20,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// The seed's last startup list (addon-operator's `queue list`), as specs:
+/// the seven CRD modules share a weight, then singles and groups in order.
+pub fn seed_startup_specs() -> Vec<TaskSpec> {
+    let steps: Vec<Vec<&str>> = vec![
+        vec![
+            "cloud-data-crd",
+            "metallb-crd",
+            "operator-prometheus-crd",
+            "prometheus-crd",
+            "snapshot-controller-crd",
+            "user-authn-crd",
+            "vertical-pod-autoscaler-crd",
+        ],
+        vec!["flow-schema"],
+        vec!["admission-policy-engine"],
+        vec!["cloud-provider-openstack"],
+        vec!["local-path-provisioner"],
+        vec!["cni-flannel"],
+        vec!["kube-proxy"],
+        vec!["registry-packages-proxy"],
+        vec!["control-plane-manager", "node-manager", "terraform-manager"],
+        vec!["kube-dns"],
+        vec!["snapshot-controller"],
+        vec!["cert-manager"],
+        vec!["user-authz"],
+        vec!["user-authn"],
+        vec!["operator-prometheus"],
+        vec!["prometheus"],
+        vec!["prometheus-metrics-adapter"],
+        vec!["vertical-pod-autoscaler"],
+        vec![
+            "extended-monitoring",
+            "monitoring-applications",
+            "monitoring-custom",
+            "monitoring-deckhouse",
+            "monitoring-kubernetes",
+            "monitoring-kubernetes-control-plane",
+            "monitoring-ping",
+        ],
+        vec!["node-local-dns"],
+        vec!["metallb"],
+        vec!["l2-load-balancer"],
+        vec!["ingress-nginx"],
+        vec!["log-shipper"],
+        vec!["pod-reloader"],
+        vec!["chrony"],
+        vec!["dashboard", "operator-trivy", "upmeter"],
+        vec!["namespace-configurator", "secret-copier"],
+        vec!["deckhouse-tools"],
+        vec!["documentation"],
+        vec!["echo", "mcplay"],
+    ];
+    let mut specs = Vec::new();
+    // Enqueued in reverse order on purpose: the weights alone must order them.
+    for (w, names) in steps.iter().enumerate().rev() {
+        for n in names {
+            specs.push(TaskSpec {
+                queue: "main".into(),
+                kind: "ModuleRun".into(),
+                name: n.to_string(),
+                description: Some("doStartup:OperatorStartup".into()),
+                weight: Some(10 + w as i64),
+                ..Default::default()
+            });
+        }
+    }
+    specs.push(TaskSpec {
+        queue: "main".into(),
+        kind: "ConvergeModules".into(),
+        name: String::new(),
+        description: Some(":Operator-Startup".into()),
+        weight: Some(100),
+        ..Default::default()
+    });
+    specs.push(TaskSpec {
+        queue: "main".into(),
+        kind: "ModuleHookRun".into(),
+        name: "kubernetes".into(),
+        description: Some("002-deckhouse/hooks/change_host_ip.go:pod:Kubernetes".into()),
+        weight: Some(101),
+        ..Default::default()
+    });
+    specs
+}

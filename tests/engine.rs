@@ -1,0 +1,620 @@
+//! The engine on a fake clock: backoff, results, follow-ups, pre/post,
+//! panics, missing handlers, dead letters, statuses, and groups.
+
+mod common;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use berth::backoff::Backoff;
+use berth::clock::{Clock, FakeClock};
+use berth::engine::{
+    Engine, EngineConfig, FollowUpAt, Handler, Handlers, Outcome, RunResult, TaskContext,
+};
+use berth::report::render_text;
+use berth::store::{Options, Placement, Store, verify};
+use berth::task::{Status, TaskSpec};
+use common::{T0, spec, tempdir, wait_for};
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    clock: FakeClock,
+    store: Arc<Store>,
+}
+
+fn setup(clock: FakeClock) -> Setup {
+    let dir = tempdir();
+    let store =
+        Arc::new(Store::open(dir.path(), Options::default(), Arc::new(clock.clone())).unwrap());
+    Setup {
+        _dir: dir,
+        clock,
+        store,
+    }
+}
+
+fn engine(s: &Setup, h: Handlers, cfg: EngineConfig) -> Engine {
+    Engine::new(s.store.clone(), h, cfg).unwrap()
+}
+
+/// A log of (task name, attempt, time) per run.
+type Runs = Arc<Mutex<Vec<(String, u32, u64)>>>;
+
+fn recording<F>(clock: &FakeClock, runs: &Runs, f: F) -> impl Handler + use<F>
+where
+    F: Fn(&TaskContext) -> Outcome + Send + Sync + 'static,
+{
+    let (clock, runs) = (clock.clone(), runs.clone());
+    move |ctx: &TaskContext| {
+        runs.lock()
+            .unwrap()
+            .push((ctx.task.name.clone(), ctx.attempt, clock.now_ms()));
+        f(ctx)
+    }
+}
+
+/// Handlers that block until the gate opens.
+#[derive(Clone, Default)]
+struct Gate(Arc<(Mutex<bool>, std::sync::Condvar)>);
+
+impl Gate {
+    fn wait(&self) {
+        let (m, cv) = &*self.0;
+        let mut open = m.lock().unwrap();
+        while !*open {
+            open = cv.wait(open).unwrap();
+        }
+    }
+    fn open(&self) {
+        let (m, cv) = &*self.0;
+        *m.lock().unwrap() = true;
+        cv.notify_all();
+    }
+}
+
+/// Opens the gate and stops the engine when dropped, so a failed assertion
+/// ends the test instead of leaving the engine thread waiting.
+struct Release(Gate, berth::engine::StopHandle);
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        self.1.stop();
+        self.0.open();
+    }
+}
+
+fn assert_log_agrees(store: &Store) {
+    assert_eq!(verify::verify(store).unwrap(), Vec::<String>::new());
+}
+
+#[test]
+fn failed_heads_retry_with_addon_operators_backoff() {
+    let s = setup(FakeClock::auto_advancing(T0));
+    let runs: Runs = Default::default();
+    let mut h = Handlers::new();
+    h.register(
+        "ModuleRun",
+        recording(&s.clock, &runs, |ctx| {
+            if ctx.task.name == "m" && ctx.attempt <= 8 {
+                Outcome::fail(format!("attempt {} failed", ctx.attempt))
+            } else {
+                Outcome::success()
+            }
+        }),
+    );
+    let e = engine(&s, h, EngineConfig::default());
+    let id = e.enqueue(spec("main", "m"), Placement::Last).unwrap();
+    let b = e.enqueue(spec("main", "behind"), Placement::Last).unwrap();
+    let sum = e.run_until_idle().unwrap();
+    let runs = runs.lock().unwrap();
+    let m: Vec<_> = runs.iter().filter(|r| r.0 == "m").collect();
+    assert_eq!(m.len(), 9);
+    let gaps: Vec<u64> = m.windows(2).map(|w| w[1].2 - w[0].2).collect();
+    let windows = [
+        (5000, 5000),
+        (6000, 6900),
+        (7000, 7900),
+        (9000, 9900),
+        (13000, 13900),
+        (21000, 21900),
+        (32000, 32000),
+        (32000, 32000),
+    ];
+    for (g, (lo, hi)) in gaps.iter().zip(windows) {
+        assert!(
+            *g >= lo && *g <= hi && g % 100 == 0,
+            "gap {g} not in [{lo}, {hi}]: {gaps:?}"
+        );
+    }
+    // The failing head blocked the task behind it until it succeeded.
+    assert_eq!(runs.last().unwrap().0, "behind");
+    assert_eq!(sum.tally.succeeded, 2);
+    assert_eq!(sum.tally.failed_attempts, 8);
+    let t = s.store.task(id).unwrap().unwrap();
+    assert_eq!(
+        (t.status, t.failures, t.attempts),
+        (Status::Succeeded, 8, 9)
+    );
+    assert_eq!(t.last_failure.as_deref(), Some("attempt 8 failed"));
+    assert_eq!(s.store.task(b).unwrap().unwrap().status, Status::Succeeded);
+    assert_log_agrees(&s.store);
+}
+
+#[test]
+fn repeat_and_keep_run_again_without_counting_failures() {
+    let s = setup(FakeClock::auto_advancing(T0));
+    let runs: Runs = Default::default();
+    let mut h = Handlers::new();
+    h.register(
+        "ModuleRun",
+        recording(&s.clock, &runs, |ctx| {
+            match (ctx.task.name.as_str(), ctx.attempt) {
+                ("r", 1 | 2) => Outcome::new(RunResult::Repeat),
+                ("k", 1) => Outcome::new(RunResult::Keep).with_delay(Duration::from_secs(3)),
+                ("k", 2) => Outcome::new(RunResult::Keep),
+                _ => Outcome::success().with_output(serde_json::json!({"done": ctx.attempt})),
+            }
+        }),
+    );
+    let e = engine(
+        &s,
+        h,
+        EngineConfig {
+            keep_delay: Duration::from_secs(7),
+            ..Default::default()
+        },
+    );
+    let r = e.enqueue(spec("a", "r"), Placement::Last).unwrap();
+    let k = e.enqueue(spec("b", "k"), Placement::Last).unwrap();
+    e.run_until_idle().unwrap();
+    let runs = runs.lock().unwrap();
+    let times = |n: &str| {
+        runs.iter()
+            .filter(|x| x.0 == n)
+            .map(|x| x.2 - T0)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(times("r"), vec![0, 0, 0], "repeat runs again at once");
+    assert_eq!(
+        times("k"),
+        vec![0, 3000, 10_000],
+        "keep waits its delay, else the default"
+    );
+    for id in [r, k] {
+        let t = s.store.task(id).unwrap().unwrap();
+        assert_eq!(
+            (t.status, t.failures, t.attempts),
+            (Status::Succeeded, 0, 3)
+        );
+        let out = t
+            .result
+            .unwrap()
+            .to_json("result", s.store.budget())
+            .unwrap();
+        assert_eq!(out["done"], 3);
+    }
+    assert_log_agrees(&s.store);
+}
+
+#[test]
+fn follow_ups_go_to_the_head_the_tail_or_right_after() {
+    let s = setup(FakeClock::auto_advancing(T0));
+    let runs: Runs = Default::default();
+    let mut h = Handlers::new();
+    h.register(
+        "ModuleRun",
+        recording(&s.clock, &runs, |ctx| {
+            if ctx.task.name == "a" {
+                let f = |n: &str| TaskSpec {
+                    queue: String::new(),
+                    ..spec("", n)
+                };
+                Outcome::success()
+                    .with_follow_up(f("head"), FollowUpAt::Head)
+                    .with_follow_up(f("tail"), FollowUpAt::Tail)
+                    .with_follow_up(f("after"), FollowUpAt::AfterCurrent)
+            } else {
+                Outcome::success()
+            }
+        }),
+    );
+    let e = engine(&s, h, EngineConfig::default());
+    for n in ["a", "b", "c"] {
+        e.enqueue(spec("main", n), Placement::Last).unwrap();
+    }
+    e.run_until_idle().unwrap();
+    let order: Vec<_> = runs.lock().unwrap().iter().map(|r| r.0.clone()).collect();
+    assert_eq!(order, vec!["a", "head", "after", "b", "c", "tail"]);
+    assert_log_agrees(&s.store);
+}
+
+struct Checked {
+    pre_ok: bool,
+    post_ok: bool,
+    ran: Arc<AtomicU32>,
+}
+
+impl Handler for Checked {
+    fn pre(&self, _: &TaskContext) -> Result<(), String> {
+        if self.pre_ok {
+            Ok(())
+        } else {
+            Err("volume not mounted".into())
+        }
+    }
+    fn run(&self, _: &TaskContext) -> Outcome {
+        self.ran.fetch_add(1, Ordering::SeqCst);
+        Outcome::success()
+    }
+    fn post(&self, _: &TaskContext, _: &Outcome) -> Result<(), String> {
+        if self.post_ok {
+            Ok(())
+        } else {
+            Err("service not healthy".into())
+        }
+    }
+}
+
+#[test]
+fn pre_post_panics_and_missing_handlers_fail_the_attempt() {
+    let s = setup(FakeClock::auto_advancing(T0));
+    let ran_pre = Arc::new(AtomicU32::new(0));
+    let ran_post = Arc::new(AtomicU32::new(0));
+    let mut h = Handlers::new();
+    h.register(
+        "Pre",
+        Checked {
+            pre_ok: false,
+            post_ok: true,
+            ran: ran_pre.clone(),
+        },
+    );
+    h.register(
+        "Post",
+        Checked {
+            pre_ok: true,
+            post_ok: false,
+            ran: ran_post.clone(),
+        },
+    );
+    h.register("Panics", |_: &TaskContext| -> Outcome { panic!("boom") });
+    let cfg = EngineConfig {
+        backoff: Backoff {
+            max_attempts: 1,
+            ..Backoff::default()
+        },
+        ..Default::default()
+    };
+    let e = engine(&s, h, cfg);
+    let mk = |q: &str, kind: &str| TaskSpec {
+        kind: kind.into(),
+        ..spec(q, "t")
+    };
+    let ids: Vec<u64> = [
+        ("q1", "Pre"),
+        ("q2", "Post"),
+        ("q3", "Panics"),
+        ("q4", "Unknown"),
+    ]
+    .iter()
+    .map(|(q, k)| e.enqueue(mk(q, k), Placement::Last).unwrap())
+    .collect();
+    let sum = e.run_until_idle().unwrap();
+    assert_eq!(sum.tally.dead_letters, 4);
+    let msg = |id| s.store.task(id).unwrap().unwrap().last_failure.unwrap();
+    assert_eq!(msg(ids[0]), "pre-check failed: volume not mounted");
+    assert_eq!(
+        ran_pre.load(Ordering::SeqCst),
+        0,
+        "run is skipped after a failed pre"
+    );
+    assert_eq!(msg(ids[1]), "post-check failed: service not healthy");
+    assert_eq!(ran_post.load(Ordering::SeqCst), 1);
+    assert_eq!(msg(ids[2]), "handler panicked: boom");
+    assert_eq!(msg(ids[3]), "no handler for kind Unknown");
+    for id in ids {
+        assert_eq!(
+            s.store.task(id).unwrap().unwrap().status,
+            Status::Failed,
+            "dead letters are in the history"
+        );
+    }
+    assert_eq!(s.store.queued_total(), 0, "the queues moved on");
+    assert_log_agrees(&s.store);
+}
+
+fn status_of(e: &Engine, queue: &str) -> String {
+    let out = render_text(&e.queue_views(), false);
+    let prefix = format!("Queue '{queue}': ");
+    out.lines()
+        .find(|l| l.starts_with(&prefix))
+        .map(|l| {
+            l.split("status: '")
+                .nth(1)
+                .unwrap_or("")
+                .trim_end_matches('\'')
+                .to_string()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn statuses_follow_what_each_queue_does() {
+    // A clock that moves only by hand, an engine running on its own thread.
+    let s = setup(FakeClock::new(T0));
+    let gate = Gate::default();
+    let started = Arc::new(AtomicU32::new(0));
+    let mut h = Handlers::new();
+    let (g, st) = (gate.clone(), started.clone());
+    h.register("Block", move |_: &TaskContext| {
+        st.fetch_add(1, Ordering::SeqCst);
+        g.wait();
+        Outcome::success()
+    });
+    h.register("Fail", |_: &TaskContext| {
+        Outcome::fail("helm upgrade failed")
+    });
+    h.register("Delay", |_: &TaskContext| {
+        Outcome::success().with_delay(Duration::from_secs(5))
+    });
+    // Two workers for three blocking tasks: one of them waits for a worker.
+    let cfg = EngineConfig {
+        workers: 2,
+        parallel_queues: 2,
+        ..Default::default()
+    };
+    let e = engine(&s, h, cfg);
+    let mk = |q: &str, kind: &str, n: &str| TaskSpec {
+        kind: kind.into(),
+        ..spec(q, n)
+    };
+    e.enqueue(mk("a_failing", "Fail", "f"), Placement::Last)
+        .unwrap();
+    e.enqueue(mk("b_delayed", "Delay", "d1"), Placement::Last)
+        .unwrap();
+    e.enqueue(mk("b_delayed", "Delay", "d2"), Placement::Last)
+        .unwrap();
+    e.enqueue(mk("c_idle", "Delay", "i"), Placement::Last)
+        .unwrap();
+    for q in ["x_block", "y_block", "z_block"] {
+        e.enqueue(mk(q, "Block", q), Placement::Last).unwrap();
+    }
+    let stop = e.stop_handle();
+    let blockers = |e: &Engine| {
+        let mut v: Vec<String> = ["x_block", "y_block", "z_block"]
+            .iter()
+            .map(|q| status_of(e, q))
+            .collect();
+        v.sort();
+        v
+    };
+    std::thread::scope(|sc| {
+        let runner = sc.spawn(|| e.run());
+        let _release = Release(gate.clone(), stop.clone());
+        wait_for("two blocking tasks", || started.load(Ordering::SeqCst) == 2);
+        wait_for("statuses", || {
+            status_of(&e, "a_failing").starts_with("sleep after fail")
+                && status_of(&e, "b_delayed") == "sleep for 5s"
+        });
+        assert_eq!(
+            blockers(&e),
+            vec!["run first task", "run first task", "waiting for task 0s"]
+        );
+        assert_eq!(
+            status_of(&e, "a_failing"),
+            "sleep after fail for 5s (5s left of 5s delay)"
+        );
+        assert_eq!(status_of(&e, "b_delayed"), "sleep for 5s");
+        assert_eq!(status_of(&e, "c_idle"), "", "an empty queue has no status");
+        s.clock.advance_ms(4_000);
+        assert_eq!(
+            status_of(&e, "a_failing"),
+            "sleep after fail for 5s (1s left of 5s delay)"
+        );
+        s.clock.advance_ms(16_000);
+        assert_eq!(
+            blockers(&e),
+            vec!["run first task", "run first task", "waiting for task 20s"]
+        );
+        stop.stop();
+        wait_for("stop", || status_of(&e, "x_block") == "stop");
+        gate.open();
+        runner.join().unwrap().unwrap();
+    });
+}
+
+#[test]
+fn the_seed_startup_batch_gives_the_seed_layout() {
+    let s = setup(FakeClock::new(T0));
+    let gate = Gate::default();
+    let started = Arc::new(AtomicU32::new(0));
+    let mut h = Handlers::new();
+    let (g, st) = (gate.clone(), started.clone());
+    h.register("ModuleRun", move |_: &TaskContext| {
+        st.fetch_add(1, Ordering::SeqCst);
+        g.wait();
+        Outcome::success()
+    });
+    let e = engine(&s, h, EngineConfig::default());
+    e.enqueue_batch(common::seed_startup_specs()).unwrap();
+    let g = |names: &str| {
+        format!("ParallelModuleRun:main:Parallel run for {names}:doStartup:OperatorStartup")
+    };
+    let m = |name: &str| format!("ModuleRun:main:{name}:doStartup:OperatorStartup");
+    let expected_main: Vec<String> = vec![
+        g(
+            "cloud-data-crd, metallb-crd, operator-prometheus-crd, prometheus-crd, snapshot-controller-crd, user-authn-crd, vertical-pod-autoscaler-crd",
+        ),
+        m("flow-schema"),
+        m("admission-policy-engine"),
+        m("cloud-provider-openstack"),
+        m("local-path-provisioner"),
+        m("cni-flannel"),
+        m("kube-proxy"),
+        m("registry-packages-proxy"),
+        g("control-plane-manager, node-manager, terraform-manager"),
+        m("kube-dns"),
+        m("snapshot-controller"),
+        m("cert-manager"),
+        m("user-authz"),
+        m("user-authn"),
+        m("operator-prometheus"),
+        m("prometheus"),
+        m("prometheus-metrics-adapter"),
+        m("vertical-pod-autoscaler"),
+        g(
+            "extended-monitoring, monitoring-applications, monitoring-custom, monitoring-deckhouse, monitoring-kubernetes, monitoring-kubernetes-control-plane, monitoring-ping",
+        ),
+        m("node-local-dns"),
+        m("metallb"),
+        m("l2-load-balancer"),
+        m("ingress-nginx"),
+        m("log-shipper"),
+        m("pod-reloader"),
+        m("chrony"),
+        g("dashboard, operator-trivy, upmeter"),
+        g("namespace-configurator, secret-copier"),
+        m("deckhouse-tools"),
+        m("documentation"),
+        g("echo, mcplay"),
+        "ConvergeModules:main:::Operator-Startup".into(),
+        "ModuleHookRun:main:kubernetes:002-deckhouse/hooks/change_host_ip.go:pod:Kubernetes".into(),
+    ];
+    let views = e.queue_views();
+    assert_eq!(views[0].name, "main");
+    assert_eq!(views[0].tasks, expected_main);
+    let stop = e.stop_handle();
+    std::thread::scope(|sc| {
+        let runner = sc.spawn(|| e.run());
+        let _release = Release(gate.clone(), stop.clone());
+        wait_for("the seven CRD modules to start", || {
+            started.load(Ordering::SeqCst) == 7
+        });
+        let out = render_text(&e.queue_views(), false);
+        assert!(out.starts_with("Queue 'main': length 33, status: 'run first task'\n\n 1. ParallelModuleRun:main:Parallel run for cloud-data-crd"), "{out}");
+        let crds = [
+            "cloud-data-crd",
+            "metallb-crd",
+            "operator-prometheus-crd",
+            "prometheus-crd",
+            "snapshot-controller-crd",
+            "user-authn-crd",
+            "vertical-pod-autoscaler-crd",
+        ];
+        for (i, name) in crds.iter().enumerate() {
+            let block = format!(
+                "Queue 'parallel_queue_{i}': length 1, status: 'run first task'\n\n 1. ModuleRun:parallel_queue_{i}:{name}:doStartup:OperatorStartup\n"
+            );
+            assert!(out.contains(&block), "missing {block:?} in\n{out}");
+        }
+        assert!(out.ends_with("Summary:\n- 'main' queue: 33 tasks.\n- 10 other queues (7 active, 3 empty): 7 tasks.\n- total 40 tasks to handle.\n"), "{out}");
+        stop.stop();
+        gate.open();
+        runner.join().unwrap().unwrap();
+    });
+}
+
+#[test]
+fn a_failing_child_leaves_its_siblings_running_and_shows_on_the_parent() {
+    let s = setup(FakeClock::new(T0));
+    let runs: Runs = Default::default();
+    let mut h = Handlers::new();
+    h.register(
+        "ModuleRun",
+        recording(&s.clock, &runs, |ctx| {
+            if ctx.task.name == "mcplay" && ctx.attempt <= 2 {
+                Outcome::fail("helm upgrade failed: cannot patch \"mcplay\" with kind Deployment")
+            } else {
+                Outcome::success()
+            }
+        }),
+    );
+    let e = engine(&s, h, EngineConfig::default());
+    let specs: Vec<_> = ["echo", "mcplay", "upmeter"]
+        .iter()
+        .map(|n| TaskSpec {
+            weight: Some(40),
+            description: Some("doStartup:OperatorStartup".into()),
+            ..spec("main", n)
+        })
+        .chain([TaskSpec {
+            weight: Some(50),
+            ..spec("main", "after")
+        }])
+        .collect();
+    let ids = e.enqueue_batch(specs).unwrap();
+    let parent = ids[0];
+    let stop = e.stop_handle();
+    std::thread::scope(|sc| {
+        let runner = sc.spawn(|| e.run());
+        let _release = Release(Gate::default(), stop.clone());
+        // Siblings finish while mcplay sleeps after its first failure.
+        wait_for("the siblings", || {
+            let p = s.store.task(parent).unwrap().unwrap();
+            p.failures == 1 && p.name == "Parallel run for mcplay"
+        });
+        let out = render_text(&e.queue_views(), false);
+        assert!(out.contains(
+            " 1. ParallelModuleRun:main:Parallel run for mcplay:doStartup:OperatorStartup:failures 1:\n    Errors:\n    - mcplay: helm upgrade failed: cannot patch \"mcplay\" with kind Deployment\n\n 2. ModuleRun:main:after\n"
+        ), "{out}");
+        assert!(out.contains("1. ModuleRun:parallel_queue_1:mcplay:doStartup:OperatorStartup:failures 1:helm upgrade failed"), "{out}");
+        assert!(out.contains("status: 'sleep after fail for 5s"), "{out}");
+        // Let the retries come due.
+        s.clock.advance_ms(5_000);
+        wait_for("the second failure", || {
+            s.store.task(parent).unwrap().unwrap().failures == 2
+        });
+        s.clock.advance_ms(7_000);
+        wait_for("the group and the task after it", || {
+            s.store.queued_total() == 0
+        });
+        stop.stop();
+        runner.join().unwrap().unwrap();
+    });
+    let p = s.store.task(parent).unwrap().unwrap();
+    assert_eq!(p.status, Status::Succeeded);
+    assert_eq!(p.failures, 2);
+    assert_eq!(
+        p.last_failure, None,
+        "a child's success removes its error line"
+    );
+    let order: Vec<_> = runs
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| (r.0.clone(), r.1))
+        .collect();
+    assert_eq!(
+        order.last().unwrap().0,
+        "after",
+        "the queue moved on only after the whole group"
+    );
+    assert_eq!(order.iter().filter(|r| r.0 == "echo").count(), 1);
+    assert_eq!(order.iter().filter(|r| r.0 == "mcplay").count(), 3);
+    assert_log_agrees(&s.store);
+}
+
+#[test]
+fn removing_a_parent_removes_its_children() {
+    let s = setup(FakeClock::new(T0));
+    let e = engine(&s, Handlers::new(), EngineConfig::default());
+    let specs: Vec<_> = ["a", "b"]
+        .iter()
+        .map(|n| TaskSpec {
+            weight: Some(1),
+            ..spec("main", n)
+        })
+        .collect();
+    let ids = e.enqueue_batch(specs).unwrap();
+    let children = s.store.task(ids[0]).unwrap().unwrap().children;
+    assert_eq!(children.len(), 2);
+    let mut w = s.store.write();
+    let removed = w.remove(ids[0]).unwrap();
+    w.commit().unwrap();
+    assert_eq!(removed.len(), 3);
+    for c in children {
+        assert!(s.store.task(c).unwrap().is_none());
+    }
+    assert_log_agrees(&s.store);
+}
