@@ -7,6 +7,7 @@ pub mod backoff;
 pub mod budget;
 pub mod clock;
 pub mod codec;
+pub mod config;
 pub mod engine;
 pub mod groups;
 pub mod report;

@@ -25,6 +25,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the engine as a daemon (until SIGTERM/SIGINT, or until idle).
+    Run(RunArgs),
     /// Add a task, or a batch of tasks from a JSON file.
     Enqueue(EnqueueArgs),
     /// Inspect queues.
@@ -35,6 +37,20 @@ pub enum Command {
     Task(TaskCommand),
     /// Replay the event log and check that it agrees with the stored state.
     Verify,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The TOML config (data dir, queues, retry, budget, handlers).
+    #[arg(long)]
+    pub config: PathBuf,
+    /// Exit once every queue is empty: 0 if every task succeeded, 1 if any
+    /// ended as a dead letter.
+    #[arg(long)]
+    pub until_idle: bool,
+    /// A batch file to add at start (all or nothing).
+    #[arg(long)]
+    pub enqueue: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -16,6 +16,7 @@ use super::{CliError, EXIT_INPUT, EXIT_RUNTIME};
 pub fn run(cli: Cli) -> Result<(), CliError> {
     let dir = cli.data_dir.as_path();
     match cli.command {
+        Command::Run(a) => super::daemon::run(a),
         Command::Enqueue(a) => enqueue(dir, a),
         Command::Queue(QueueCommand::List { output, show_empty }) => {
             queue_list(dir, output, show_empty)
@@ -27,7 +28,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
 }
 
 /// Prints to stdout; a closed pipe (`berth queue list | head`) is not an error.
-fn out(text: &str) -> Result<(), CliError> {
+pub fn out(text: &str) -> Result<(), CliError> {
     let mut stdout = std::io::stdout().lock();
     match stdout
         .write_all(text.as_bytes())
@@ -69,7 +70,7 @@ fn enqueue_error(e: EnqueueError, source: &str) -> CliError {
     }
 }
 
-fn read_file(path: &Path, what: &str) -> Result<String, CliError> {
+pub fn read_file(path: &Path, what: &str) -> Result<String, CliError> {
     std::fs::read_to_string(path)
         .map_err(|e| CliError::input(format!("cannot read {what} {}: {e}", path.display())))
 }

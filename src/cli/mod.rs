@@ -4,6 +4,7 @@
 
 pub mod args;
 pub mod commands;
+pub mod daemon;
 
 use std::fmt;
 

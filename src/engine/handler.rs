@@ -1,7 +1,7 @@
 //! Handlers: what runs a task, looked up by its kind. A handler has an
 //! optional `pre` step (Tendrl's pre atoms: a failure skips `run` and fails
 //! the attempt with `pre-check failed: ...`), `run`, and an optional `post`
-//! step (a failure fails the attempt). A panic anywhere becomes
+//! step after a successful run (a failure fails the attempt). A panic anywhere becomes
 //! `Fail("handler panicked: ...")`.
 
 use std::collections::HashMap;
@@ -155,6 +155,9 @@ pub fn run_attempt(handlers: &Handlers, ctx: &TaskContext) -> Outcome {
             return Outcome::fail(format!("pre-check failed: {e}"));
         }
         let outcome = h.run(ctx);
+        if outcome.result != RunResult::Success {
+            return outcome;
+        }
         match h.post(ctx, &outcome) {
             Ok(()) => outcome,
             Err(e) => Outcome {

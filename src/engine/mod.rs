@@ -5,6 +5,7 @@
 //! channel. Library users enqueue through the engine, which wakes the loop.
 //! See `scheduler` for the per-step logic and its invariants.
 
+pub mod command;
 pub mod handler;
 pub mod pool;
 pub mod scheduler;

@@ -1,0 +1,262 @@
+//! Engine throughput and latency: a same-weight group of sleeping tasks
+//! spread over the parallel queues, end-to-end no-op tasks in sync mode, and
+//! the CPU an idle engine burns.
+//!
+//! Run with `cargo bench --bench engine`. Every figure is one line:
+//! `bench: NAME VALUE UNIT`. No logger is installed, so the engine's
+//! per-task `log::info!` calls cost next to nothing.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use berth::engine::{Engine, EngineConfig, Handlers, Outcome, TaskContext};
+use berth::store::{Durability, Options, Store};
+use berth::task::TaskSpec;
+use serde_json::json;
+
+/// Runs of the group figure; the best and the median are printed.
+const GROUP_RUNS: usize = 3;
+/// Children in the group, and how long each sleeps.
+const GROUP_TASKS: usize = 100;
+const GROUP_SLEEP: Duration = Duration::from_millis(50);
+/// How long a running engine idles before the group arrives: not a multiple
+/// of the loop's 100 ms idle poll.
+const RUNNING_SETTLE: Duration = Duration::from_millis(350);
+/// Parallel queues (and named queues in the end-to-end figure).
+const QUEUES: usize = 10;
+/// Tasks in the end-to-end figure, and how many go in one `enqueue_batch`.
+const E2E_TASKS: usize = 100_000;
+const E2E_BATCH: usize = 10_000;
+/// Wall time over which idle CPU is measured, after a short settle.
+const IDLE_RUN: Duration = Duration::from_secs(5);
+const IDLE_SETTLE: Duration = Duration::from_millis(500);
+
+fn figure(name: &str, value: f64, unit: &str) {
+    let v = if value >= 100.0 {
+        format!("{value:.0}")
+    } else if value >= 1.0 {
+        format!("{value:.2}")
+    } else {
+        format!("{value:.3}")
+    };
+    println!("bench: {name} {v} {unit}");
+}
+
+/// A fresh data dir under the system temp dir (set TMPDIR to measure another
+/// disk; a tmpfs /tmp makes every flush free).
+fn data_dir() -> tempfile::TempDir {
+    tempfile::tempdir().expect("creating a temp dir")
+}
+
+fn open_store(dir: &std::path::Path) -> Arc<Store> {
+    Arc::new(
+        Store::open(
+            dir,
+            Options {
+                durability: Durability::Sync,
+                ..Options::default()
+            },
+            berth::clock::system(),
+        )
+        .expect("Store::open"),
+    )
+}
+
+fn engine(store: &Arc<Store>, handlers: Handlers) -> Engine {
+    Engine::new(
+        store.clone(),
+        handlers,
+        EngineConfig {
+            parallel_queues: QUEUES,
+            ..EngineConfig::default()
+        },
+    )
+    .expect("Engine::new")
+}
+
+/// Handlers whose one kind, `Sleep`, sleeps 50 ms and succeeds.
+fn sleep_handlers() -> Handlers {
+    let mut h = Handlers::new();
+    h.register("Sleep", |_ctx: &TaskContext| {
+        std::thread::sleep(GROUP_SLEEP);
+        Outcome::success()
+    });
+    h
+}
+
+/// 100 specs of one weight in one queue: one group.
+fn group_specs() -> Vec<TaskSpec> {
+    (0..GROUP_TASKS)
+        .map(|i| TaskSpec {
+            queue: "main".into(),
+            kind: "Sleep".into(),
+            // Short names: the parent is named "Parallel run for m0, m1, ..."
+            // and a task name may be at most 512 bytes (100 children: 505).
+            name: format!("m{i}"),
+            weight: Some(1),
+            ..Default::default()
+        })
+        .collect()
+}
+
+/// One group of 100 sleeping children: seconds from just before the enqueue
+/// to `run_until_idle` returning. Ideal: 100 / 10 queues x 50 ms = 0.5 s.
+fn group_once() -> f64 {
+    let dir = data_dir();
+    let store = open_store(dir.path());
+    let engine = engine(&store, sleep_handlers());
+    let specs = group_specs();
+    let start = Instant::now();
+    let ids = engine.enqueue_batch(specs).expect("enqueue_batch");
+    let summary = engine.run_until_idle().expect("run_until_idle");
+    let wall = start.elapsed().as_secs_f64();
+    assert_eq!(ids.len(), 1, "one group parent");
+    // Every child plus the parent.
+    assert_eq!(summary.tally.succeeded, GROUP_TASKS as u64 + 1);
+    assert_eq!(store.queued_total(), 0);
+    wall
+}
+
+/// The same group handed to an engine that is already running (and idle):
+/// seconds from just before the enqueue until the group has left its queue.
+/// The enqueue lands between two of the loop's idle polls, as it would in a
+/// daemon, so a dispatch that waits for the next poll shows here.
+fn group_running_once() -> f64 {
+    let dir = data_dir();
+    let store = open_store(dir.path());
+    let engine = engine(&store, sleep_handlers());
+    let stop = engine.stop_handle();
+    std::thread::scope(|s| {
+        let runner = s.spawn(|| engine.run());
+        std::thread::sleep(RUNNING_SETTLE);
+        let start = Instant::now();
+        engine.enqueue_batch(group_specs()).expect("enqueue_batch");
+        while store.queued_total() > 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let wall = start.elapsed().as_secs_f64();
+        stop.stop();
+        let summary = runner
+            .join()
+            .expect("engine thread panicked")
+            .expect("engine.run");
+        assert_eq!(summary.tally.succeeded, GROUP_TASKS as u64 + 1);
+        wall
+    })
+}
+
+fn best_and_median(name: &str, run: fn() -> f64) {
+    let mut runs: Vec<f64> = (0..GROUP_RUNS).map(|_| run()).collect();
+    runs.sort_by(f64::total_cmp);
+    figure(name, runs[0], "s");
+    figure(&format!("{name}_median"), runs[runs.len() / 2], "s");
+}
+
+/// 100,000 no-op tasks over 10 named queues in sync mode. Prints the enqueue
+/// rate, the run rate (enqueue excluded) and how many tasks each flush carried.
+fn e2e_noop_sync() {
+    let dir = data_dir();
+    let store = open_store(dir.path());
+    let mut h = Handlers::new();
+    h.register("Noop", |_ctx: &TaskContext| Outcome::success());
+    let engine = engine(&store, h);
+    let specs = |batch: usize| -> Vec<TaskSpec> {
+        (0..E2E_BATCH)
+            .map(|j| {
+                let i = batch * E2E_BATCH + j;
+                TaskSpec {
+                    queue: format!("q{}", i % QUEUES),
+                    kind: "Noop".into(),
+                    name: format!("task-{i}"),
+                    payload: json!({ "i": i }),
+                    ..Default::default()
+                }
+            })
+            .collect()
+    };
+    let batches: Vec<Vec<TaskSpec>> = (0..E2E_TASKS / E2E_BATCH).map(specs).collect();
+
+    let start = Instant::now();
+    for b in batches {
+        engine.enqueue_batch(b).expect("enqueue_batch");
+    }
+    let enqueue = start.elapsed().as_secs_f64();
+    assert_eq!(store.queued_total(), E2E_TASKS);
+
+    let flushes_before = store.flush_count();
+    let start = Instant::now();
+    let summary = engine.run_until_idle().expect("run_until_idle");
+    let run = start.elapsed().as_secs_f64();
+    let flushes = store.flush_count() - flushes_before;
+    assert_eq!(summary.tally.succeeded, E2E_TASKS as u64);
+    assert_eq!(summary.tally.failed_attempts, 0);
+    assert_eq!(store.queued_total(), 0);
+    assert!(store.live_tasks().is_empty(), "every task moved to history");
+
+    figure(
+        "e2e_noop_sync_enqueue",
+        E2E_TASKS as f64 / enqueue,
+        "tasks/s",
+    );
+    figure("e2e_noop_sync", E2E_TASKS as f64 / run, "tasks/s");
+    figure(
+        "e2e_noop_sync_tasks_per_flush",
+        E2E_TASKS as f64 / flushes.max(1) as f64,
+        "tasks",
+    );
+}
+
+/// User + system CPU time of the whole process so far.
+fn process_cpu() -> Duration {
+    // SAFETY: getrusage only writes the struct it is given.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        assert_eq!(libc::getrusage(libc::RUSAGE_SELF, &mut ru), 0, "getrusage");
+        ru
+    };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// Percent of one core used by a running engine with nothing to do.
+fn idle_cpu() -> f64 {
+    let dir = data_dir();
+    let store = open_store(dir.path());
+    let mut h = Handlers::new();
+    h.register("Noop", |_ctx: &TaskContext| Outcome::success());
+    let engine = engine(&store, h);
+    let stop = engine.stop_handle();
+    std::thread::scope(|s| {
+        let runner = s.spawn(|| engine.run());
+        std::thread::sleep(IDLE_SETTLE);
+        let (cpu0, wall0) = (process_cpu(), Instant::now());
+        std::thread::sleep(IDLE_RUN);
+        let (cpu, wall) = (process_cpu() - cpu0, wall0.elapsed());
+        stop.stop();
+        runner
+            .join()
+            .expect("engine thread panicked")
+            .expect("engine.run");
+        100.0 * cpu.as_secs_f64() / wall.as_secs_f64()
+    })
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; a non-flag argument selects the
+    // figures whose names contain it.
+    let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let want = |name: &str| filter.as_deref().is_none_or(|f| name.contains(f));
+
+    if want("group_100x50ms_wall") {
+        best_and_median("group_100x50ms_wall", group_once);
+    }
+    if want("group_100x50ms_running_wall") {
+        best_and_median("group_100x50ms_running_wall", group_running_once);
+    }
+    if want("e2e_noop_sync") {
+        e2e_noop_sync();
+    }
+    if want("idle_cpu") {
+        figure("idle_cpu", idle_cpu(), "%");
+    }
+}

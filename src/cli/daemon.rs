@@ -1,0 +1,90 @@
+//! `berth run`: the engine as an edge node daemon. The first SIGTERM or
+//! SIGINT stops dispatching and waits for running handlers (the grace
+//! period); a second one exits at once (running tasks are then recovered at
+//! the next start).
+
+use std::sync::Arc;
+
+use berth::clock;
+use berth::config::Config;
+use berth::engine::{Engine, Handlers};
+use berth::store::{Options, Role, Store};
+use berth::submit;
+
+use super::args::RunArgs;
+use super::commands::read_file;
+use super::{CliError, EXIT_RUNTIME};
+
+pub fn run(a: RunArgs) -> Result<(), CliError> {
+    let config = Config::load(&a.config).map_err(|e| CliError::input(e.to_string()))?;
+    // Check the batch before touching the data dir.
+    let batch = match &a.enqueue {
+        Some(f) => {
+            let text = read_file(f, "batch file")?;
+            Some((
+                f.clone(),
+                submit::parse_batch(&text)
+                    .map_err(|e| CliError::input(format!("batch file {}: {e}", f.display())))?,
+            ))
+        }
+        None => None,
+    };
+    let opts = Options {
+        durability: config.durability,
+        budget: config.budget,
+        role: Role::Daemon,
+        ..Options::default()
+    };
+    let store = Arc::new(Store::open(&config.data_dir, opts, clock::system())?);
+    let mut handlers = Handlers::new();
+    for (kind, h) in &config.handlers {
+        handlers.register(kind.clone(), h.clone());
+    }
+    let engine =
+        Engine::new(store.clone(), handlers, config.engine.clone()).map_err(CliError::input)?;
+    if let Some((f, specs)) = batch {
+        let ids = engine.enqueue_batch(specs).map_err(|e| CliError {
+            code: if e.is_bad_input() {
+                super::EXIT_INPUT
+            } else {
+                EXIT_RUNTIME
+            },
+            message: format!("batch file {}: {e}", f.display()),
+        })?;
+        log::info!("enqueued {} task(s) from {}", ids.len(), f.display());
+    }
+    let stop = engine.stop_handle().flag();
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        // A second signal, arriving when the flag is already set, exits at once.
+        signal_hook::flag::register_conditional_shutdown(sig, 1, stop.clone())
+            .and_then(|_| signal_hook::flag::register(sig, stop.clone()))
+            .map_err(|e| CliError::runtime(format!("installing signal handlers: {e}")))?;
+    }
+    log::info!(
+        "berth running on {} (node {}, {} parallel queues, {} workers)",
+        config.data_dir.display(),
+        config.node.as_deref().unwrap_or("-"),
+        config.engine.parallel_queues,
+        config.engine.worker_count()
+    );
+    let summary = if a.until_idle {
+        engine.run_until_idle()
+    } else {
+        engine.run()
+    }
+    .map_err(|e| CliError::runtime(format!("the engine stopped: {e}")))?;
+    log::info!(
+        "berth stopped: {} succeeded, {} failed attempts, {} dead letters, {} abandoned",
+        summary.tally.succeeded,
+        summary.tally.failed_attempts,
+        summary.tally.dead_letters,
+        summary.abandoned
+    );
+    if summary.tally.dead_letters > 0 {
+        return Err(CliError::runtime(format!(
+            "{} task(s) ended as dead letters",
+            summary.tally.dead_letters
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,394 @@
+//! The daemon's TOML config (`berth run --config FILE`). Paths in it are
+//! relative to the config file's folder. Errors name the file, the line and
+//! the key, and say what is wrong.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::backoff::Backoff;
+use crate::budget::Budget;
+use crate::engine::EngineConfig;
+use crate::engine::command::{CommandHandler, CommandSpec};
+use crate::store::Durability;
+use crate::task::check_name;
+use crate::units::{parse_duration, parse_size};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Raw {
+    data_dir: Option<Spanned<String>>,
+    node: Option<Spanned<String>>,
+    #[serde(default)]
+    tags: Vec<Spanned<String>>,
+    parallel_queues: Option<Spanned<usize>>,
+    workers: Option<Spanned<usize>>,
+    durability: Option<Spanned<String>>,
+    flush_interval: Option<Spanned<String>>,
+    grace: Option<Spanned<String>>,
+    #[serde(default)]
+    retry: RawRetry,
+    #[serde(default)]
+    budget: RawBudget,
+    #[serde(default)]
+    handlers: BTreeMap<String, Spanned<RawHandler>>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawRetry {
+    initial: Option<Spanned<String>>,
+    max: Option<Spanned<String>>,
+    max_attempts: Option<u32>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawBudget {
+    compress_over: Option<Spanned<String>>,
+    max_object: Option<Spanned<String>>,
+    max_decompressed: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHandler {
+    command: Vec<String>,
+    pre: Option<Vec<String>>,
+    post: Option<Vec<String>>,
+    timeout: Option<Spanned<String>>,
+    cwd: Option<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+}
+
+/// A loaded, checked config.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub path: PathBuf,
+    pub data_dir: PathBuf,
+    pub node: Option<String>,
+    pub tags: Vec<String>,
+    pub durability: Durability,
+    pub budget: Budget,
+    pub engine: EngineConfig,
+    pub handlers: BTreeMap<String, CommandHandler>,
+}
+
+/// A config error: file, line and key.
+#[derive(Debug, thiserror::Error)]
+#[error("{}{}: {message}", path.display(), line.map(|l| format!(":{l}")).unwrap_or_default())]
+pub struct ConfigError {
+    pub path: PathBuf,
+    pub line: Option<usize>,
+    pub message: String,
+}
+
+struct Ctx<'a> {
+    path: &'a Path,
+    text: &'a str,
+}
+
+impl Ctx<'_> {
+    fn err(
+        &self,
+        span: Option<std::ops::Range<usize>>,
+        key: &str,
+        what: impl std::fmt::Display,
+    ) -> ConfigError {
+        let line = span.map(|s| {
+            self.text[..s.start.min(self.text.len())]
+                .matches('\n')
+                .count()
+                + 1
+        });
+        ConfigError {
+            path: self.path.to_path_buf(),
+            line,
+            message: format!("key {key}: {what}"),
+        }
+    }
+    fn duration(
+        &self,
+        v: &Option<Spanned<String>>,
+        key: &str,
+        default: Duration,
+    ) -> Result<Duration, ConfigError> {
+        match v {
+            None => Ok(default),
+            Some(s) => parse_duration(s.get_ref()).map_err(|e| self.err(Some(s.span()), key, e)),
+        }
+    }
+    fn size(
+        &self,
+        v: &Option<Spanned<String>>,
+        key: &str,
+        default: usize,
+    ) -> Result<usize, ConfigError> {
+        match v {
+            None => Ok(default),
+            Some(s) => parse_size(s.get_ref())
+                .map(|n| n as usize)
+                .map_err(|e| self.err(Some(s.span()), key, e)),
+        }
+    }
+}
+
+fn resolve(base: &Path, p: &str) -> PathBuf {
+    let p = Path::new(p);
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        base.join(p)
+    }
+}
+
+/// Resolves argv[0] against the config folder when it is a relative path
+/// (contains a `/`); a bare name is looked up in PATH as written.
+fn resolve_argv(base: &Path, argv: &[String]) -> Vec<String> {
+    let mut v = argv.to_vec();
+    if let Some(first) = v.first_mut() {
+        if first.contains('/') && !Path::new(first.as_str()).is_absolute() {
+            *first = base.join(first.as_str()).to_string_lossy().into_owned();
+        }
+    }
+    v
+}
+
+impl Config {
+    /// Reads and checks a config file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            path: path.to_path_buf(),
+            line: None,
+            message: format!("cannot read: {e}"),
+        })?;
+        // Handlers run in their own cwd: paths must not depend on ours.
+        let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+        Self::parse(&abs, &text)
+    }
+
+    /// Parses config text read from `path`.
+    pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+        let cx = Ctx { path, text };
+        let raw: Raw = toml::from_str(text).map_err(|e| {
+            let key = e.message().to_string();
+            cx.err(e.span(), "", key)
+                .with_message(|m| m.trim_start_matches("key : ").to_string())
+        })?;
+        let base = path
+            .parent()
+            .map(|p| {
+                if p.as_os_str().is_empty() {
+                    Path::new(".")
+                } else {
+                    p
+                }
+            })
+            .unwrap_or(Path::new("."))
+            .to_path_buf();
+        let data_dir = resolve(
+            &base,
+            raw.data_dir
+                .as_ref()
+                .map_or("berth-data", |s| s.get_ref().as_str()),
+        );
+        if let Some(n) = &raw.node {
+            check_name("node", n.get_ref()).map_err(|e| cx.err(Some(n.span()), "node", e))?;
+        }
+        for t in &raw.tags {
+            check_name("tag", t.get_ref()).map_err(|e| cx.err(Some(t.span()), "tags", e))?;
+        }
+        let durability = match raw
+            .durability
+            .as_ref()
+            .map(|s| (s.get_ref().as_str(), s.span()))
+        {
+            None | Some(("sync", _)) => Durability::Sync,
+            Some(("batched", _)) => Durability::Batched {
+                interval: cx.duration(
+                    &raw.flush_interval,
+                    "flush_interval",
+                    Duration::from_millis(100),
+                )?,
+            },
+            Some((other, span)) => {
+                return Err(cx.err(
+                    Some(span),
+                    "durability",
+                    format!("'{other}' is not a mode (use \"sync\" or \"batched\")"),
+                ));
+            }
+        };
+        let d = Budget::default();
+        let budget = Budget {
+            compress_over: cx.size(
+                &raw.budget.compress_over,
+                "budget.compress_over",
+                d.compress_over,
+            )?,
+            max_object: cx.size(&raw.budget.max_object, "budget.max_object", d.max_object)?,
+            max_decompressed: cx.size(
+                &raw.budget.max_decompressed,
+                "budget.max_decompressed",
+                d.max_decompressed,
+            )?,
+        };
+        budget.validate().map_err(|e| cx.err(None, "budget", e))?;
+        let b = Backoff::default();
+        let backoff = Backoff {
+            initial: cx.duration(&raw.retry.initial, "retry.initial", b.initial)?,
+            max: cx.duration(&raw.retry.max, "retry.max", b.max)?,
+            max_attempts: raw.retry.max_attempts.unwrap_or(0),
+        };
+        let e = EngineConfig::default();
+        let engine = EngineConfig {
+            parallel_queues: raw
+                .parallel_queues
+                .as_ref()
+                .map_or(e.parallel_queues, |s| *s.get_ref()),
+            workers: raw.workers.as_ref().map_or(0, |s| *s.get_ref()),
+            backoff,
+            grace: cx.duration(&raw.grace, "grace", e.grace)?,
+            node: raw.node.as_ref().map(|s| s.get_ref().clone()),
+            ..e
+        };
+        engine.validate().map_err(|m| {
+            let span = raw.parallel_queues.as_ref().map(|s| s.span());
+            cx.err(span, "parallel_queues/workers/retry", m)
+        })?;
+        let mut handlers = BTreeMap::new();
+        for (kind, h) in &raw.handlers {
+            let key = format!("handlers.{kind}");
+            check_name("kind", kind).map_err(|e| cx.err(Some(h.span()), &key, e))?;
+            let hr = h.get_ref();
+            let timeout = cx.duration(
+                &hr.timeout,
+                &format!("{key}.timeout"),
+                Duration::from_secs(600),
+            )?;
+            let cwd = resolve(&base, hr.cwd.as_deref().unwrap_or("."));
+            let mk = |argv: &Vec<String>, name: &str| -> Result<CommandSpec, ConfigError> {
+                if argv.is_empty() {
+                    return Err(cx.err(
+                        Some(h.span()),
+                        &format!("{key}.{name}"),
+                        "the command must not be empty",
+                    ));
+                }
+                Ok(CommandSpec {
+                    argv: resolve_argv(&base, argv),
+                    cwd: cwd.clone(),
+                    env: hr.env.clone(),
+                    timeout,
+                })
+            };
+            handlers.insert(
+                kind.clone(),
+                CommandHandler {
+                    run: mk(&hr.command, "command")?,
+                    pre: hr.pre.as_ref().map(|p| mk(p, "pre")).transpose()?,
+                    post: hr.post.as_ref().map(|p| mk(p, "post")).transpose()?,
+                    max_output: budget.max_decompressed,
+                },
+            );
+        }
+        Ok(Config {
+            path: path.to_path_buf(),
+            data_dir,
+            node: engine.node.clone(),
+            tags: raw.tags.iter().map(|t| t.get_ref().clone()).collect(),
+            durability,
+            budget,
+            engine,
+            handlers,
+        })
+    }
+}
+
+impl ConfigError {
+    fn with_message(mut self, f: impl FnOnce(&str) -> String) -> Self {
+        self.message = f(&self.message);
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(Path::new("/etc/berth/berth.toml"), text)
+    }
+
+    #[test]
+    fn the_documented_skeleton_parses() {
+        let c = parse(
+            r#"
+data_dir = "berth-data"
+node = "edge-1"
+tags = ["gluster"]
+parallel_queues = 10
+workers = 12
+durability = "sync"
+[retry]
+initial = "5s"
+max = "32s"
+max_attempts = 0
+[budget]
+compress_over = "100KiB"
+max_object = "1.5MiB"
+[handlers.ModuleRun]
+command = ["./hooks/module-run.sh", "--verbose"]
+pre = ["./hooks/check.sh"]
+post = ["./hooks/verify.sh"]
+timeout = "10m"
+cwd = "."
+env = { HELM_NAMESPACE = "d8" }
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.data_dir, PathBuf::from("/etc/berth/berth-data"));
+        assert_eq!(c.engine.worker_count(), 12);
+        assert_eq!(c.budget.max_object, 1_572_864);
+        let h = &c.handlers["ModuleRun"];
+        assert_eq!(
+            h.run.argv,
+            vec!["/etc/berth/./hooks/module-run.sh", "--verbose"]
+        );
+        assert_eq!(h.run.timeout, Duration::from_secs(600));
+        assert_eq!(h.run.env["HELM_NAMESPACE"], "d8");
+        assert!(h.pre.is_some() && h.post.is_some());
+    }
+
+    #[test]
+    fn errors_name_the_file_line_and_key() {
+        let e = parse("node = \"edge-1\"\n[retry]\ninitial = \"soon\"\n").unwrap_err();
+        let m = e.to_string();
+        assert!(
+            m.starts_with("/etc/berth/berth.toml:3: key retry.initial: 'soon' is not a duration"),
+            "{m}"
+        );
+        let e = parse("nodes = \"x\"\n").unwrap_err();
+        let m = e.to_string();
+        assert!(
+            m.starts_with("/etc/berth/berth.toml:1: ") && m.contains("unknown field `nodes`"),
+            "{m}"
+        );
+        let e = parse("durability = \"sometimes\"\n").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains(":1: key durability: 'sometimes' is not a mode"),
+            "{e}"
+        );
+        let e = parse("[handlers.Run]\ncommand = []\n").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("key handlers.Run.command: the command must not be empty"),
+            "{e}"
+        );
+    }
+}
