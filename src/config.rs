@@ -150,10 +150,11 @@ fn resolve(base: &Path, p: &str) -> PathBuf {
 /// (contains a `/`); a bare name is looked up in PATH as written.
 fn resolve_argv(base: &Path, argv: &[String]) -> Vec<String> {
     let mut v = argv.to_vec();
-    if let Some(first) = v.first_mut() {
-        if first.contains('/') && !Path::new(first.as_str()).is_absolute() {
-            *first = base.join(first.as_str()).to_string_lossy().into_owned();
-        }
+    if let Some(first) = v.first_mut()
+        && first.contains('/')
+        && !Path::new(first.as_str()).is_absolute()
+    {
+        *first = base.join(first.as_str()).to_string_lossy().into_owned();
     }
     v
 }

@@ -204,6 +204,84 @@ pub fn render_json(queues: &[QueueView]) -> serde_json::Value {
     })
 }
 
+/// A whole task as JSON, payload and result decoded; `corrupt` notes a
+/// payload or result that could not be decoded instead of failing.
+pub fn task_json(t: &crate::task::Task, budget: &crate::budget::Budget) -> serde_json::Value {
+    let decode = |b: &crate::budget::Blob, what| match b.to_json(what, budget) {
+        Ok(v) => v,
+        Err(e) => json!({"error": e.to_string()}),
+    };
+    json!({
+        "id": t.id,
+        "kind": t.kind,
+        "queue": t.queue,
+        "name": t.name,
+        "description": t.description,
+        "weight": t.weight,
+        "status": t.status.as_str(),
+        "failures": t.failures,
+        "attempts": t.attempts,
+        "last_failure": t.last_failure,
+        "tags": t.tags,
+        "target": t.target,
+        "compaction_key": t.compaction_key,
+        "queued_at": t.queued_at,
+        "started_at": t.started_at,
+        "finished_at": t.finished_at,
+        "retry_at": t.retry_at,
+        "parent": t.parent,
+        "children": t.children,
+        "payload_compressed": t.payload.compressed,
+        "payload": decode(&t.payload, "payload"),
+        "result": t.result.as_ref().map(|r| decode(r, "result")),
+    })
+}
+
+/// A whole task as text, one `key: value` line per field, payload last.
+pub fn task_text(t: &crate::task::Task, budget: &crate::budget::Budget) -> String {
+    let j = task_json(t, budget);
+    let mut out = String::new();
+    let order = [
+        "id",
+        "kind",
+        "queue",
+        "name",
+        "description",
+        "weight",
+        "status",
+        "failures",
+        "attempts",
+        "last_failure",
+        "tags",
+        "target",
+        "compaction_key",
+        "queued_at",
+        "started_at",
+        "finished_at",
+        "retry_at",
+        "parent",
+        "children",
+        "payload_compressed",
+    ];
+    for k in order {
+        let v = &j[k];
+        let text = match v {
+            serde_json::Value::Null => continue,
+            serde_json::Value::String(s) => s.clone(),
+            serde_json::Value::Array(a) if a.is_empty() => continue,
+            other => other.to_string(),
+        };
+        out.push_str(&format!("{k}: {text}\n"));
+    }
+    for k in ["payload", "result"] {
+        if !j[k].is_null() {
+            let pretty = serde_json::to_string_pretty(&j[k]).unwrap_or_default();
+            out.push_str(&format!("{k}: {pretty}\n"));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -301,82 +379,4 @@ Summary:
             ]
         );
     }
-}
-
-/// A whole task as JSON, payload and result decoded; `corrupt` notes a
-/// payload or result that could not be decoded instead of failing.
-pub fn task_json(t: &crate::task::Task, budget: &crate::budget::Budget) -> serde_json::Value {
-    let decode = |b: &crate::budget::Blob, what| match b.to_json(what, budget) {
-        Ok(v) => v,
-        Err(e) => json!({"error": e.to_string()}),
-    };
-    json!({
-        "id": t.id,
-        "kind": t.kind,
-        "queue": t.queue,
-        "name": t.name,
-        "description": t.description,
-        "weight": t.weight,
-        "status": t.status.as_str(),
-        "failures": t.failures,
-        "attempts": t.attempts,
-        "last_failure": t.last_failure,
-        "tags": t.tags,
-        "target": t.target,
-        "compaction_key": t.compaction_key,
-        "queued_at": t.queued_at,
-        "started_at": t.started_at,
-        "finished_at": t.finished_at,
-        "retry_at": t.retry_at,
-        "parent": t.parent,
-        "children": t.children,
-        "payload_compressed": t.payload.compressed,
-        "payload": decode(&t.payload, "payload"),
-        "result": t.result.as_ref().map(|r| decode(r, "result")),
-    })
-}
-
-/// A whole task as text, one `key: value` line per field, payload last.
-pub fn task_text(t: &crate::task::Task, budget: &crate::budget::Budget) -> String {
-    let j = task_json(t, budget);
-    let mut out = String::new();
-    let order = [
-        "id",
-        "kind",
-        "queue",
-        "name",
-        "description",
-        "weight",
-        "status",
-        "failures",
-        "attempts",
-        "last_failure",
-        "tags",
-        "target",
-        "compaction_key",
-        "queued_at",
-        "started_at",
-        "finished_at",
-        "retry_at",
-        "parent",
-        "children",
-        "payload_compressed",
-    ];
-    for k in order {
-        let v = &j[k];
-        let text = match v {
-            serde_json::Value::Null => continue,
-            serde_json::Value::String(s) => s.clone(),
-            serde_json::Value::Array(a) if a.is_empty() => continue,
-            other => other.to_string(),
-        };
-        out.push_str(&format!("{k}: {text}\n"));
-    }
-    for k in ["payload", "result"] {
-        if !j[k].is_null() {
-            let pretty = serde_json::to_string_pretty(&j[k]).unwrap_or_default();
-            out.push_str(&format!("{k}: {pretty}\n"));
-        }
-    }
-    out
 }

@@ -73,13 +73,13 @@ pub fn format_duration(d: Duration) -> String {
     if ms < 1000 {
         return format!("{ms}ms");
     }
-    if ms % 60_000 == 0 && ms >= 60_000 {
-        if ms % 3_600_000 == 0 {
+    if ms.is_multiple_of(60_000) && ms >= 60_000 {
+        if ms.is_multiple_of(3_600_000) {
             return format!("{}h", ms / 3_600_000);
         }
         return format!("{}m", ms / 60_000);
     }
-    if ms % 1000 == 0 {
+    if ms.is_multiple_of(1000) {
         return format!("{}s", ms / 1000);
     }
     let s = format!("{:.1}", ms as f64 / 1000.0);

@@ -28,7 +28,7 @@ pub enum Command {
     /// Run the engine as a daemon (until SIGTERM/SIGINT, or until idle).
     Run(RunArgs),
     /// Add a task, or a batch of tasks from a JSON file.
-    Enqueue(EnqueueArgs),
+    Enqueue(Box<EnqueueArgs>),
     /// Inspect queues.
     #[command(subcommand)]
     Queue(QueueCommand),

@@ -17,7 +17,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
     let dir = cli.data_dir.as_path();
     match cli.command {
         Command::Run(a) => super::daemon::run(a),
-        Command::Enqueue(a) => enqueue(dir, a),
+        Command::Enqueue(a) => enqueue(dir, *a),
         Command::Queue(QueueCommand::List { output, show_empty }) => {
             queue_list(dir, output, show_empty)
         }

@@ -117,6 +117,8 @@ pub struct Engine {
     rx: Receiver<Msg>,
     stop: Arc<AtomicBool>,
     sched: Mutex<Scheduler>,
+    /// Recovered (interrupted) tasks were reported to their group parents.
+    recovery_noted: AtomicBool,
     /// The latest queue activities, published by the loop for `queue list`.
     view: Mutex<(BTreeMap<String, scheduler::LiveActivity>, bool)>,
 }
@@ -143,6 +145,7 @@ impl Engine {
             rx,
             stop: Arc::new(AtomicBool::new(false)),
             sched: Mutex::new(Scheduler::new()),
+            recovery_noted: AtomicBool::new(false),
             view: Mutex::new((BTreeMap::new(), false)),
         })
     }
@@ -267,6 +270,11 @@ impl Engine {
         let clock = self.store.clock().clone();
         let mut done = Vec::new();
         let mut grace_end: Option<Instant> = None;
+        if !self.recovery_noted.swap(true, Ordering::SeqCst) {
+            let mut w = self.store.write();
+            sched.note_recovered(&mut w, self.store.recovered())?;
+            w.commit()?;
+        }
         loop {
             let stopping = self.stop.load(Ordering::SeqCst);
             if stopping && grace_end.is_none() {
@@ -287,12 +295,12 @@ impl Engine {
             }
             let now = clock.now_ms();
             let wake = sched.next_wake(now);
-            if sched.in_flight() == 0 && !stopping {
-                if let Some(at) = wake {
-                    if clock.skip_to(at) {
-                        continue;
-                    }
-                }
+            if sched.in_flight() == 0
+                && !stopping
+                && let Some(at) = wake
+                && clock.skip_to(at)
+            {
+                continue;
             }
             let mut timeout = wake.map_or(POLL, |at| Duration::from_millis(at - now).min(POLL));
             if let Some(end) = grace_end {

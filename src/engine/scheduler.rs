@@ -302,6 +302,20 @@ impl Scheduler {
         });
     }
 
+    /// After a restart: children that recovery marked as interrupted count as
+    /// failed attempts on their parents, as any other child failure does.
+    pub fn note_recovered(&mut self, w: &mut WriteTxn<'_>, ids: &[u64]) -> Result<(), WriteError> {
+        for id in ids {
+            if !w.exists(*id) {
+                continue;
+            }
+            if let Some(p) = w.task(*id)?.parent {
+                self.update_parent(w, p, true)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Brings a group parent up to date with its children; finishes it when
     /// every child has finished.
     fn update_parent(
@@ -327,10 +341,8 @@ impl Scheduler {
                 remaining.push(t.name.clone());
             }
             let standing_error = (live && t.failures > 0) || (!live && t.status == Status::Failed);
-            if standing_error {
-                if let Some(m) = &t.last_failure {
-                    errors.push((t.name.clone(), m.clone()));
-                }
+            if standing_error && let Some(m) = &t.last_failure {
+                errors.push((t.name.clone(), m.clone()));
             }
             dead |= !live && t.status == Status::Failed;
         }
@@ -342,7 +354,19 @@ impl Scheduler {
                 w.to_history(parent, Status::Failed)?;
                 self.tally.dead_letters += 1;
             } else {
-                w.update_group(parent, groups::parent_name([]), failures, None)?;
+                // Finished: the history shows the whole group again.
+                let mut all = Vec::new();
+                for c in &p.children {
+                    if w.exists(*c) {
+                        all.push(w.task(*c)?.name.clone());
+                    }
+                }
+                w.update_group(
+                    parent,
+                    groups::parent_name(all.iter().map(String::as_str)),
+                    failures,
+                    None,
+                )?;
                 w.to_history(parent, Status::Succeeded)?;
                 self.tally.succeeded += 1;
             }

@@ -195,10 +195,9 @@ impl Store {
                 .next_back()
                 .transpose()
                 .map_err(db_err)?
+                && let Some(id) = keys::parse_id_key(&k)
             {
-                if let Some(id) = keys::parse_id_key(&k) {
-                    next_id = next_id.max(id + 1);
-                }
+                next_id = next_id.max(id + 1);
             }
         }
 
@@ -322,8 +321,14 @@ impl Store {
     }
 
     /// Flushes everything written so far to disk.
+    /// A commit in progress holds the write lock until it has its ticket,
+    /// so taking the lock first covers every write a reader may have seen.
     pub fn flush(&self) -> std::io::Result<()> {
-        self.commit.flush_all(|| self.flush_now())
+        let ticket = {
+            let _writes = self.lock_inner();
+            self.commit.written()
+        };
+        self.commit.wait_durable(ticket, || self.flush_now())
     }
 
     pub fn dir(&self) -> &Path {

@@ -12,16 +12,13 @@
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Durability {
+    #[default]
     Sync,
-    Batched { interval: Duration },
-}
-
-impl Default for Durability {
-    fn default() -> Self {
-        Durability::Sync
-    }
+    Batched {
+        interval: Duration,
+    },
 }
 
 #[derive(Debug, Default)]
@@ -122,6 +119,11 @@ impl GroupCommit {
     pub fn flush_all(&self, flush: impl Fn() -> std::io::Result<()>) -> std::io::Result<()> {
         let ticket = self.state.lock().unwrap_or_else(|p| p.into_inner()).written;
         self.wait_durable(ticket, flush)
+    }
+
+    /// The ticket of the last applied transaction.
+    pub fn written(&self) -> u64 {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).written
     }
 
     /// Whether batches are waiting for a flush.

@@ -42,7 +42,7 @@ pub struct Event {
 pub enum EventKind {
     /// A new task; `placement` is None for a group child that waits for its parent.
     Enqueued {
-        task: Task,
+        task: Box<Task>,
         placement: Option<Placement>,
     },
     /// A waiting task was put into a queue (a group child dispatched).

@@ -174,10 +174,10 @@ impl Order {
         for u in undo.into_iter().rev() {
             match u {
                 Undo::Placed(id) => {
-                    if let Some((q, pos)) = self.at.remove(&id) {
-                        if let Some(m) = self.queues.get_mut(&q) {
-                            m.remove(&pos);
-                        }
+                    if let Some((q, pos)) = self.at.remove(&id)
+                        && let Some(m) = self.queues.get_mut(&q)
+                    {
+                        m.remove(&pos);
                     }
                 }
                 Undo::Unplaced { id, queue, pos } => {
@@ -245,7 +245,7 @@ impl Order {
         let old = self.queues.remove(queue).unwrap_or_default();
         let n = old.len() as i64;
         let mut fresh = BTreeMap::new();
-        for (pos, _) in &old {
+        for pos in old.keys() {
             ops.push(KeyOp::Del {
                 queue: queue.to_string(),
                 pos: *pos,

@@ -91,7 +91,7 @@ impl Model {
                     let q = self.queues.entry(task.queue.clone()).or_default();
                     place(q, id, *p).map_err(|a| bad_anchor(&task.queue, a))?;
                 }
-                self.live.insert(id, task.clone());
+                self.live.insert(id, (**task).clone());
             }
             EventKind::Placed {
                 queue, placement, ..

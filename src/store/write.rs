@@ -263,7 +263,10 @@ impl<'s> WriteTxn<'s> {
                 home: Home::Live,
             },
         );
-        self.push_event(EventKind::Enqueued { task, placement })?;
+        self.push_event(EventKind::Enqueued {
+            task: Box::new(task),
+            placement,
+        })?;
         Ok(id)
     }
 
@@ -364,14 +367,14 @@ impl<'s> WriteTxn<'s> {
     /// cannot be removed on its own. Returns the ids removed.
     pub fn remove(&mut self, id: u64) -> Result<Vec<u64>, WriteError> {
         let task = self.task(id)?.clone();
-        if let Some(parent) = task.parent {
-            if self.slot(parent).is_ok() {
-                return Err(WriteError::WrongState {
-                    id,
-                    state: format!("part of group {parent}"),
-                    op: "remove it alone (remove the group instead)",
-                });
-            }
+        if let Some(parent) = task.parent
+            && self.slot(parent).is_ok()
+        {
+            return Err(WriteError::WrongState {
+                id,
+                state: format!("part of group {parent}"),
+                op: "remove it alone (remove the group instead)",
+            });
         }
         let mut removed = Vec::new();
         for child in task.children.iter().copied() {
@@ -440,13 +443,13 @@ impl<'s> WriteTxn<'s> {
                 (Some(_), Home::History) => Some(keys::id_key(HISTORY, *id)),
                 (Some(_), _) => Some(keys::id_key(TASK, *id)),
             };
-            if let Some(k) = origin_key {
-                if Some(k) != target_key {
-                    writes.push(KeyWrite {
-                        key: k.to_vec(),
-                        value: None,
-                    });
-                }
+            if let Some(k) = origin_key
+                && Some(k) != target_key
+            {
+                writes.push(KeyWrite {
+                    key: k.to_vec(),
+                    value: None,
+                });
             }
             if let (Some(k), Some(task)) = (target_key, &slot.task) {
                 writes.push(KeyWrite {
