@@ -40,6 +40,32 @@ pub fn plan(mut specs: Vec<TaskSpec>) -> Vec<Entry> {
     out
 }
 
+/// Like [`plan`], but on indices into `specs` (for error messages that name
+/// the entry without searching for it).
+pub fn plan_indices(specs: &[TaskSpec]) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = (0..specs.len()).collect();
+    order.sort_by_key(|&i| specs[i].weight.unwrap_or(0));
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    let mut run: Vec<usize> = Vec::new();
+    for i in order {
+        let s = &specs[i];
+        let joins = match run.last() {
+            Some(&l) => {
+                s.weight.is_some() && specs[l].weight == s.weight && specs[l].queue == s.queue
+            }
+            None => false,
+        };
+        if !joins && !run.is_empty() {
+            out.push(std::mem::take(&mut run));
+        }
+        run.push(i);
+    }
+    if !run.is_empty() {
+        out.push(run);
+    }
+    out
+}
+
 /// `Parallel run for a, b, c`.
 pub fn parent_name<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
     format!(

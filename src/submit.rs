@@ -2,7 +2,7 @@
 //! nothing. Validation and the size budget are checked for every entry before
 //! anything is written; errors name the entry's index and field.
 
-use crate::groups::{self, Entry};
+use crate::groups;
 use crate::store::{Placement, Store, WriteError, WriteTxn};
 use crate::task::{TaskBuildError, TaskSpec};
 
@@ -78,29 +78,30 @@ pub fn stage_batch(
         s.validate()
             .map_err(|e| EnqueueError::from_build(Some(i), e.into()))?;
     }
-    // Remember each spec's index for error messages, through the reordering.
-    let indexed: Vec<TaskSpec> = specs;
-    let index_of = |spec: &TaskSpec| indexed.iter().position(|s| s == spec);
-    let build = |spec: TaskSpec| {
-        let i = index_of(&spec);
+    let plan = groups::plan_indices(&specs);
+    let mut slots: Vec<Option<TaskSpec>> = specs.into_iter().map(Some).collect();
+    let mut take = |i: usize| slots[i].take().expect("each index planned once");
+    let build = |i: usize, spec: TaskSpec| {
         spec.into_task(now, store.budget())
-            .map_err(|e| EnqueueError::from_build(i, e))
+            .map_err(|e| EnqueueError::from_build(Some(i), e))
     };
     let mut ids = Vec::new();
-    for entry in groups::plan(indexed.clone()) {
-        match entry {
-            Entry::Single(spec) => ids.push(w.enqueue(build(spec)?, Some(Placement::Last))?),
-            Entry::Group(children) => {
-                let mut parent = build(groups::parent_spec(&children))?;
-                parent.id = w.allocate_id();
-                for child in children {
-                    let mut t = build(child)?;
-                    t.parent = Some(parent.id);
-                    parent.children.push(w.enqueue(t, None)?);
-                }
-                ids.push(w.enqueue(parent, Some(Placement::Last))?);
-            }
+    for run in plan {
+        if run.len() == 1 {
+            let i = run[0];
+            ids.push(w.enqueue(build(i, take(i))?, Some(Placement::Last))?);
+            continue;
         }
+        let children: Vec<(usize, TaskSpec)> = run.iter().map(|&i| (i, take(i))).collect();
+        let child_specs: Vec<TaskSpec> = children.iter().map(|(_, s)| s.clone()).collect();
+        let mut parent = build(children[0].0, groups::parent_spec(&child_specs))?;
+        parent.id = w.allocate_id();
+        for (i, child) in children {
+            let mut t = build(i, child)?;
+            t.parent = Some(parent.id);
+            parent.children.push(w.enqueue(t, None)?);
+        }
+        ids.push(w.enqueue(parent, Some(Placement::Last))?);
     }
     Ok(ids)
 }

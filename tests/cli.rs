@@ -31,16 +31,14 @@ fn enqueue_prints_the_id_and_queue_list_shows_the_order() {
             "--queue",
             "main",
             "--kind",
-            "ConvergeModules",
+            "K",
             "--name",
-            "",
-            "--description",
-            ":Operator-Startup",
+            "two\nlines",
         ],
     );
-    assert_eq!(b.status.code(), Some(2), "an empty name is refused");
+    assert_eq!(b.status.code(), Some(2), "a name with a newline is refused");
     assert!(
-        stderr(&b).contains("--name: must not be empty"),
+        stderr(&b).contains("--name: must not contain control characters"),
         "{}",
         stderr(&b)
     );

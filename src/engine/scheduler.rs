@@ -391,50 +391,60 @@ impl Scheduler {
     ) -> Result<Vec<Job>, WriteError> {
         let now = w.now();
         let mut jobs = Vec::new();
-        for (name, _) in w.queues() {
-            let q = self.queue(&name);
-            if let Some(r) = &q.running {
-                // A group parent removed under us frees its queue.
-                if r.group && !(w.exists(r.id) && w.is_live(r.id)?) {
-                    self.queue(&name).running = None;
-                } else {
-                    continue;
-                }
-            }
-            let q = self.queue(&name);
-            if q.sleep_until > now {
-                continue;
-            }
-            let Some(head) = w.head(&name) else { continue };
-            let task = match w.task(head) {
-                Ok(t) => t.clone(),
-                Err(WriteError::Corrupt(c)) => {
-                    log::error!("queue {name} is stuck behind a corrupt task: {c}");
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            if let Some(at) = task.retry_at.filter(|at| *at > now) {
-                // Waiting for a retry (for example after a restart).
+        // A group puts its children into the parallel queues, which were not
+        // in the list this pass started with: look again, so they start in
+        // this step rather than at the next wake-up (up to 100 ms later).
+        loop {
+            let mut grouped = false;
+            for (name, _) in w.queues() {
                 let q = self.queue(&name);
-                q.sleep_until = at;
-                if task.failures > 0 && q.activity_after.is_none() {
-                    q.activity_after = Some(QueueActivity::SleepAfterFail {
-                        until_ms: at,
-                        total_ms: at - now,
-                    });
+                if let Some(r) = &q.running {
+                    // A group parent removed under us frees its queue.
+                    if r.group && !(w.exists(r.id) && w.is_live(r.id)?) {
+                        self.queue(&name).running = None;
+                    } else {
+                        continue;
+                    }
                 }
-                continue;
+                let q = self.queue(&name);
+                if q.sleep_until > now {
+                    continue;
+                }
+                let Some(head) = w.head(&name) else { continue };
+                let task = match w.task(head) {
+                    Ok(t) => t.clone(),
+                    Err(WriteError::Corrupt(c)) => {
+                        log::error!("queue {name} is stuck behind a corrupt task: {c}");
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
+                if let Some(at) = task.retry_at.filter(|at| *at > now) {
+                    // Waiting for a retry (for example after a restart).
+                    let q = self.queue(&name);
+                    q.sleep_until = at;
+                    if task.failures > 0 && q.activity_after.is_none() {
+                        q.activity_after = Some(QueueActivity::SleepAfterFail {
+                            until_ms: at,
+                            total_ms: at - now,
+                        });
+                    }
+                    continue;
+                }
+                let q = self.queue(&name);
+                q.activity_after = None;
+                if !task.children.is_empty() {
+                    self.dispatch_group(w, env, &task, now)?;
+                    grouped = true;
+                    continue;
+                }
+                w.start(task.id)?;
+                let task = w.task(task.id)?.clone();
+                jobs.push(self.job(env, task, now));
             }
-            let q = self.queue(&name);
-            q.activity_after = None;
-            if !task.children.is_empty() {
-                self.dispatch_group(w, env, &task, now)?;
-                continue;
+            if !grouped {
+                break;
             }
-            w.start(task.id)?;
-            let task = w.task(task.id)?.clone();
-            jobs.push(self.job(env, task, now));
         }
         Ok(jobs)
     }

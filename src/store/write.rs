@@ -43,6 +43,8 @@ struct Slot {
     /// None once removed.
     task: Option<Task>,
     home: Home,
+    /// Changed by this transaction; commit writes only changed slots.
+    dirty: bool,
 }
 
 /// What a commit did.
@@ -117,6 +119,7 @@ impl<'s> WriteTxn<'s> {
                     origin: home,
                     task: Some(task),
                     home,
+                    dirty: false,
                 },
             );
         }
@@ -190,6 +193,7 @@ impl<'s> WriteTxn<'s> {
         let id = kind.task_id();
         if !matches!(kind, EventKind::Enqueued { .. } | EventKind::Removed { .. }) {
             let slot = self.slot(id)?;
+            slot.dirty = true;
             let task = slot
                 .task
                 .as_mut()
@@ -261,6 +265,7 @@ impl<'s> WriteTxn<'s> {
                 origin: Home::New,
                 task: Some(task.clone()),
                 home: Home::Live,
+                dirty: true,
             },
         );
         self.push_event(EventKind::Enqueued {
@@ -359,7 +364,9 @@ impl<'s> WriteTxn<'s> {
             .order
             .unplace(id, ops, undo);
         self.push_event(EventKind::MovedToHistory { id, status })?;
-        self.slot(id)?.home = Home::History;
+        let slot = self.slot(id)?;
+        slot.home = Home::History;
+        slot.dirty = true;
         Ok(())
     }
 
@@ -394,7 +401,9 @@ impl<'s> WriteTxn<'s> {
             .order
             .unplace(id, ops, undo);
         self.push_event(EventKind::Removed { id })?;
-        self.slot(id)?.task = None;
+        let slot = self.slot(id)?;
+        slot.task = None;
+        slot.dirty = true;
         Ok(vec![id])
     }
 
@@ -432,7 +441,7 @@ impl<'s> WriteTxn<'s> {
                 },
             });
         }
-        for (id, slot) in &self.slots {
+        for (id, slot) in self.slots.iter().filter(|(_, s)| s.dirty) {
             let origin_key = match slot.origin {
                 Home::New => None,
                 Home::Live => Some(keys::id_key(TASK, *id)),
