@@ -8,6 +8,7 @@ pub mod budget;
 pub mod clock;
 pub mod codec;
 pub mod config;
+pub mod control;
 pub mod engine;
 pub mod groups;
 pub mod report;

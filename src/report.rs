@@ -238,8 +238,8 @@ pub fn task_json(t: &crate::task::Task, budget: &crate::budget::Budget) -> serde
 }
 
 /// A whole task as text, one `key: value` line per field, payload last.
-pub fn task_text(t: &crate::task::Task, budget: &crate::budget::Budget) -> String {
-    let j = task_json(t, budget);
+/// `j` is what [`task_json`] made (locally or in a daemon).
+pub fn task_text(j: &serde_json::Value) -> String {
     let mut out = String::new();
     let order = [
         "id",

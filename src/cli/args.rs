@@ -106,6 +106,12 @@ pub enum QueueCommand {
         /// Also show queues with no tasks.
         #[arg(long)]
         show_empty: bool,
+        /// Redraw the list until interrupted.
+        #[arg(long)]
+        watch: bool,
+        /// How often --watch redraws (e.g. 1s, 500ms).
+        #[arg(long, default_value = "1s", value_parser = parse_interval)]
+        interval: std::time::Duration,
     },
 }
 
@@ -119,4 +125,14 @@ pub enum TaskCommand {
     },
     /// Remove a task (a group parent takes its children with it).
     Remove { id: u64 },
+    /// Put a dead letter (a task that used up its attempts) back into its queue.
+    Retry { id: u64 },
+}
+
+fn parse_interval(s: &str) -> Result<std::time::Duration, String> {
+    let d = berth::units::parse_duration(s)?;
+    if d < std::time::Duration::from_millis(50) {
+        return Err("the interval must be at least 50ms".into());
+    }
+    Ok(d)
 }

@@ -1,11 +1,13 @@
-//! The commands. Each opens the data dir, does one thing, and prints its
-//! result on stdout; errors go back to `main` as [`CliError`]s.
+//! The commands. Each talks to the daemon through its control socket when
+//! one holds the data dir, and opens the data dir directly otherwise, with
+//! the same output either way. Errors go back to `main` as [`CliError`]s.
 
 use std::io::Write;
 use std::path::Path;
 
 use berth::clock;
-use berth::report;
+use berth::control::{self, Request};
+use berth::report::{self, QueueView};
 use berth::store::{OpenError, Options, Placement, Store, WriteError};
 use berth::submit::{self, EnqueueError};
 use berth::task::TaskSpec;
@@ -18,11 +20,24 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Run(a) => super::daemon::run(a),
         Command::Enqueue(a) => enqueue(dir, *a),
-        Command::Queue(QueueCommand::List { output, show_empty }) => {
-            queue_list(dir, output, show_empty)
+        Command::Queue(QueueCommand::List {
+            output,
+            show_empty,
+            watch,
+            interval,
+        }) => {
+            if !watch {
+                return queue_list(dir, output, show_empty, "");
+            }
+            loop {
+                // Clear the screen and redraw.
+                queue_list(dir, output, show_empty, "\x1b[H\x1b[2J")?;
+                std::thread::sleep(interval);
+            }
         }
         Command::Task(TaskCommand::Show { id, output }) => task_show(dir, id, output),
         Command::Task(TaskCommand::Remove { id }) => task_remove(dir, id),
+        Command::Task(TaskCommand::Retry { id }) => task_retry(dir, id),
         Command::Verify => verify(dir),
     }
 }
@@ -39,6 +54,30 @@ pub fn out(text: &str) -> Result<(), CliError> {
         }
         _ => Ok(()),
     }
+}
+
+/// Asks the daemon, if one listens on the data dir's socket.
+fn via_daemon(dir: &Path, req: &Request) -> Result<Option<serde_json::Value>, CliError> {
+    if !control::socket_path(dir).exists() {
+        return Ok(None);
+    }
+    match control::call(dir, req) {
+        Err(None) => Ok(None),
+        Err(Some(msg)) => Err(CliError::runtime(msg)),
+        Ok(resp) => match resp.error {
+            Some(e) => Err(CliError {
+                code: e.code,
+                message: e.message,
+            }),
+            None => Ok(Some(resp.result)),
+        },
+    }
+}
+
+fn ids_of(v: &serde_json::Value) -> Vec<u64> {
+    v.as_array()
+        .map(|a| a.iter().filter_map(serde_json::Value::as_u64).collect())
+        .unwrap_or_default()
 }
 
 fn open(dir: &Path, create: bool) -> Result<Store, OpenError> {
@@ -75,16 +114,28 @@ pub fn read_file(path: &Path, what: &str) -> Result<String, CliError> {
         .map_err(|e| CliError::input(format!("cannot read {what} {}: {e}", path.display())))
 }
 
+fn print_ids(ids: &[u64]) -> Result<(), CliError> {
+    out(&ids.iter().map(|id| format!("{id}\n")).collect::<String>())
+}
+
 fn enqueue(dir: &Path, a: EnqueueArgs) -> Result<(), CliError> {
     if let Some(batch) = a.batch {
+        let source = format!("batch file {}: ", batch.display());
         let text = read_file(&batch, "batch file")?;
-        let specs = submit::parse_batch(&text)
-            .map_err(|e| CliError::input(format!("batch file {}: {e}", batch.display())))?;
+        let specs =
+            submit::parse_batch(&text).map_err(|e| CliError::input(format!("{source}{e}")))?;
+        let req = Request::EnqueueBatch {
+            tasks: specs.clone(),
+        };
+        if let Some(v) = via_daemon(dir, &req).map_err(|e| CliError {
+            message: format!("{source}{}", e.message),
+            ..e
+        })? {
+            return print_ids(&ids_of(&v));
+        }
         let store = open(dir, true)?;
-        let ids = submit::enqueue_batch(&store, specs)
-            .map_err(|e| enqueue_error(e, &format!("batch file {}: ", batch.display())))?;
-        let text: String = ids.iter().map(|id| format!("{id}\n")).collect();
-        return out(&text);
+        let ids = submit::enqueue_batch(&store, specs).map_err(|e| enqueue_error(e, &source))?;
+        return print_ids(&ids);
     }
     let payload = match (&a.payload, &a.payload_file) {
         (Some(p), _) => serde_json::from_str(p)
@@ -114,70 +165,107 @@ fn enqueue(dir: &Path, a: EnqueueArgs) -> Result<(), CliError> {
     // Check the spec before touching the data dir.
     spec.validate()
         .map_err(|e| CliError::input(format!("--{}: {}", e.field.replace('_', "-"), e.reason)))?;
-    let placement = match (a.first, a.after, a.before) {
-        (true, _, _) => Placement::First,
-        (_, Some(id), _) => Placement::After(id),
-        (_, _, Some(id)) => Placement::Before(id),
-        _ => Placement::Last,
+    let req = Request::Enqueue {
+        spec: spec.clone(),
+        first: a.first,
+        after: a.after,
+        before: a.before,
     };
+    if let Some(v) = via_daemon(dir, &req)? {
+        return print_ids(&ids_of(&v));
+    }
+    let placement: Placement = control::placement(a.first, a.after, a.before);
     let store = open(dir, true)?;
     let id = submit::enqueue_one(&store, spec, placement).map_err(|e| enqueue_error(e, ""))?;
-    out(&format!("{id}\n"))
+    print_ids(&[id])
 }
 
-fn queue_list(dir: &Path, output: Format, show_empty: bool) -> Result<(), CliError> {
-    let store = open_for_read(dir)?;
-    let queues = match &store {
-        Some(s) => report::snapshot(s, 10, &|_| String::new()),
-        None => {
-            let mut v = vec![report::QueueView {
-                name: report::MAIN.into(),
-                status: String::new(),
-                tasks: vec![],
-            }];
-            v.extend((0..10).map(|i| report::QueueView {
-                name: report::parallel_queue(i),
-                status: String::new(),
-                tasks: vec![],
-            }));
-            v
-        }
+fn empty_views() -> Vec<QueueView> {
+    let mut v = vec![report::QueueView {
+        name: report::MAIN.into(),
+        status: String::new(),
+        tasks: vec![],
+    }];
+    v.extend((0..10).map(|i| report::QueueView {
+        name: report::parallel_queue(i),
+        status: String::new(),
+        tasks: vec![],
+    }));
+    v
+}
+
+fn queue_list(dir: &Path, output: Format, show_empty: bool, prefix: &str) -> Result<(), CliError> {
+    let queues = match via_daemon(dir, &Request::QueueList)? {
+        Some(v) => control::views_from_json(&v).map_err(CliError::runtime)?,
+        None => match open_for_read(dir)? {
+            Some(s) => report::snapshot(&s, 10, &|_| String::new()),
+            None => empty_views(),
+        },
     };
-    match output {
-        Format::Text => out(&report::render_text(&queues, show_empty)),
-        Format::Json => out(&format!("{}\n", report::render_json(&queues))),
-    }
+    let text = match output {
+        Format::Text => report::render_text(&queues, show_empty),
+        Format::Json => format!("{}\n", report::render_json(&queues)),
+    };
+    out(&format!("{prefix}{text}"))
 }
 
 fn task_show(dir: &Path, id: u64, output: Format) -> Result<(), CliError> {
-    let store = open_for_read(dir)?.ok_or_else(|| CliError::runtime(format!("no task {id}")))?;
-    let task = store
-        .task(id)
-        .map_err(|e| CliError::runtime(e.to_string()))?
-        .ok_or_else(|| CliError::runtime(format!("no task {id}")))?;
+    let j = match via_daemon(dir, &Request::TaskShow { id })? {
+        Some(v) => v,
+        None => {
+            let store =
+                open_for_read(dir)?.ok_or_else(|| CliError::runtime(format!("no task {id}")))?;
+            let task = store
+                .task(id)
+                .map_err(|e| CliError::runtime(e.to_string()))?
+                .ok_or_else(|| CliError::runtime(format!("no task {id}")))?;
+            report::task_json(&task, store.budget())
+        }
+    };
     match output {
-        Format::Text => out(&report::task_text(&task, store.budget())),
+        Format::Text => out(&report::task_text(&j)),
         Format::Json => out(&format!(
             "{}\n",
-            serde_json::to_string_pretty(&report::task_json(&task, store.budget()))
-                .unwrap_or_default()
+            serde_json::to_string_pretty(&j).unwrap_or_default()
         )),
     }
 }
 
-fn task_remove(dir: &Path, id: u64) -> Result<(), CliError> {
-    let store = open_for_read(dir)?.ok_or_else(|| CliError::runtime(format!("no task {id}")))?;
-    let mut w = store.write();
-    let removed = w.remove(id).map_err(|e| match e {
+fn store_error(id: u64, what: &str, e: WriteError) -> CliError {
+    match e {
         WriteError::NoSuchTask(_) | WriteError::WrongState { .. } => {
             CliError::runtime(e.to_string())
         }
-        other => CliError::runtime(format!("removing task {id}: {other}")),
-    })?;
-    w.commit()
-        .map_err(|e| CliError::runtime(format!("removing task {id}: {e}")))?;
+        other => CliError::runtime(format!("{what} task {id}: {other}")),
+    }
+}
+
+fn task_remove(dir: &Path, id: u64) -> Result<(), CliError> {
+    let removed = match via_daemon(dir, &Request::TaskRemove { id })? {
+        Some(v) => ids_of(&v),
+        None => {
+            let store =
+                open_for_read(dir)?.ok_or_else(|| CliError::runtime(format!("no task {id}")))?;
+            let mut w = store.write();
+            let removed = w.remove(id).map_err(|e| store_error(id, "removing", e))?;
+            w.commit().map_err(|e| store_error(id, "removing", e))?;
+            removed
+        }
+    };
     let list: Vec<String> = removed.iter().map(u64::to_string).collect();
     out(&format!("removed {}\n", list.join(" ")))
+}
+
+fn task_retry(dir: &Path, id: u64) -> Result<(), CliError> {
+    if via_daemon(dir, &Request::TaskRetry { id })?.is_none() {
+        let store =
+            open_for_read(dir)?.ok_or_else(|| CliError::runtime(format!("no task {id}")))?;
+        let mut w = store.write();
+        w.retry(id, Placement::Last)
+            .map_err(|e| store_error(id, "retrying", e))?;
+        w.commit().map_err(|e| store_error(id, "retrying", e))?;
+    }
+    out(&format!("retried {id}\n"))
 }
 
 fn verify(dir: &Path) -> Result<(), CliError> {

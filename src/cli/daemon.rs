@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use berth::clock;
 use berth::config::Config;
+use berth::control;
 use berth::engine::{Engine, Handlers};
 use berth::store::{Options, Role, Store};
 use berth::submit;
@@ -67,11 +68,24 @@ pub fn run(a: RunArgs) -> Result<(), CliError> {
         config.engine.parallel_queues,
         config.engine.worker_count()
     );
-    let summary = if a.until_idle {
-        engine.run_until_idle()
-    } else {
-        engine.run()
-    }
+    let (server, listener) = control::Server::bind(&config.data_dir).map_err(|e| {
+        CliError::runtime(format!(
+            "binding the control socket in {}: {e}",
+            config.data_dir.display()
+        ))
+    })?;
+    let summary = std::thread::scope(|scope| {
+        let engine = &engine;
+        let server = &server;
+        scope.spawn(move || server.serve(scope, listener, engine));
+        let r = if a.until_idle {
+            engine.run_until_idle()
+        } else {
+            engine.run()
+        };
+        server.stop();
+        r
+    })
     .map_err(|e| CliError::runtime(format!("the engine stopped: {e}")))?;
     log::info!(
         "berth stopped: {} succeeded, {} failed attempts, {} dead letters, {} abandoned",

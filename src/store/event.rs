@@ -76,6 +76,11 @@ pub enum EventKind {
         failures: u32,
         message: Option<String>,
     },
+    /// A dead letter went back from the history to its queue, failures reset.
+    Retried {
+        id: u64,
+        placement: Placement,
+    },
     /// The task was deleted with no trace but this event.
     Removed {
         id: u64,
@@ -99,6 +104,7 @@ impl EventKind {
             | EventKind::Requeued { id, .. }
             | EventKind::GroupUpdated { id, .. }
             | EventKind::Removed { id }
+            | EventKind::Retried { id, .. }
             | EventKind::MovedToHistory { id, .. } => *id,
         }
     }
@@ -113,6 +119,7 @@ impl EventKind {
             EventKind::Requeued { .. } => "requeued",
             EventKind::GroupUpdated { .. } => "group-updated",
             EventKind::Removed { .. } => "removed",
+            EventKind::Retried { .. } => "retried",
             EventKind::MovedToHistory { .. } => "moved-to-history",
         }
     }
@@ -158,6 +165,12 @@ pub fn apply(task: &mut Task, at: u64, kind: &EventKind) {
             task.name = name.clone();
             task.failures = *failures;
             task.last_failure = message.clone();
+        }
+        EventKind::Retried { .. } => {
+            task.status = Status::Queued;
+            task.failures = 0;
+            task.retry_at = None;
+            task.finished_at = None;
         }
         EventKind::MovedToHistory { status, .. } => {
             task.status = *status;

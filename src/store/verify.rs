@@ -107,6 +107,13 @@ impl Model {
                 }
                 self.unqueue(id);
             }
+            EventKind::Retried { placement, .. } => {
+                let mut task = self.history.remove(&id).ok_or_else(unknown)?;
+                event::apply(&mut task, ev.at, &ev.kind);
+                let q = self.queues.entry(task.queue.clone()).or_default();
+                place(q, id, *placement).map_err(|a| bad_anchor(&task.queue, a))?;
+                self.live.insert(id, task);
+            }
             EventKind::MovedToHistory { .. } => {
                 let mut task = self.live.remove(&id).ok_or_else(unknown)?;
                 event::apply(&mut task, ev.at, &ev.kind);

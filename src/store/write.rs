@@ -370,6 +370,43 @@ impl<'s> WriteTxn<'s> {
         Ok(())
     }
 
+    /// Puts a dead letter (a failed task in the history) back into its queue
+    /// with its failure count reset. Group members are retried as a group
+    /// by enqueueing again, not one by one.
+    pub fn retry(&mut self, id: u64, placement: Placement) -> Result<(), WriteError> {
+        let slot = self.slot(id)?;
+        let task = slot.task.as_ref().expect("present");
+        if slot.home != Home::History || task.status != Status::Failed {
+            let state = if slot.home == Home::History {
+                format!("finished ({})", task.status.as_str())
+            } else {
+                task.status.as_str().to_string()
+            };
+            return Err(WriteError::WrongState {
+                id,
+                state,
+                op: "retry it (only dead letters can be retried)",
+            });
+        }
+        if task.parent.is_some() || !task.children.is_empty() {
+            return Err(WriteError::WrongState {
+                id,
+                state: "part of a group".into(),
+                op: "retry it alone",
+            });
+        }
+        let queue = task.queue.clone();
+        let (ops, undo) = (&mut self.ops, &mut self.undo);
+        self.inner
+            .as_mut()
+            .expect("live txn")
+            .order
+            .place(&queue, id, placement, ops, undo)?;
+        self.push_event(EventKind::Retried { id, placement })?;
+        self.slot(id)?.home = Home::Live;
+        Ok(())
+    }
+
     /// Deletes a task (and, for a group parent, its children). A group child
     /// cannot be removed on its own. Returns the ids removed.
     pub fn remove(&mut self, id: u64) -> Result<Vec<u64>, WriteError> {

@@ -1,0 +1,253 @@
+//! The real `berth run` daemon: command handlers through the CLI and the
+//! control socket, SIGTERM and restart, bad configs and bad requests.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use common::{berth, berth_bin, stderr, stdout, tempdir, wait_for};
+
+const HANDLER: &str = r#"#!/bin/sh
+# ok: prints a result; fail: helm-like error; slow: sleeps; repeat: exit 75 once.
+case "$BERTH_TASK_NAME" in
+  ok) cat >/dev/null; echo "{\"node\":\"$BERTH_NODE\",\"attempt\":$BERTH_ATTEMPT}" ;;
+  fail) echo "some noise" >&2; echo "helm upgrade failed: cannot patch \"mcplay\"" >&2; exit 3 ;;
+  slow) sleep 30 ;;
+  repeat) if [ "$BERTH_ATTEMPT" -lt 2 ]; then exit 75; fi; echo '"again"' ;;
+  grace) sleep 0.5; echo '"done"' ;;
+esac
+"#;
+
+struct Daemon {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn write_config(root: &Path, extra: &str) -> PathBuf {
+    let hook = root.join("hook.sh");
+    std::fs::write(&hook, HANDLER).unwrap();
+    std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let cfg = root.join("berth.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "data_dir = \"data\"\nnode = \"edge-7\"\ngrace = \"10s\"\n[retry]\ninitial = \"1s\"\nmax_attempts = 2\n[handlers.Sh]\ncommand = [\"./hook.sh\"]\ntimeout = \"2s\"\n{extra}"
+        ),
+    )
+    .unwrap();
+    cfg
+}
+
+fn start(root: &Path) -> Daemon {
+    let cfg = root.join("berth.toml");
+    let child = Command::new(berth_bin())
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let dir = root.join("data");
+    let sock = dir.join("berth.sock");
+    wait_for("the daemon's socket", || UnixStream::connect(&sock).is_ok());
+    Daemon { child, dir }
+}
+
+fn enqueue(dir: &Path, name: &str) -> u64 {
+    let o = berth(
+        dir,
+        &[
+            "enqueue",
+            "--queue",
+            name,
+            "--kind",
+            "Sh",
+            "--name",
+            name,
+            "--payload",
+            "{\"x\":1}",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    stdout(&o).trim().parse().unwrap()
+}
+
+fn show(dir: &Path, id: u64) -> serde_json::Value {
+    let o = berth(dir, &["task", "show", &id.to_string(), "-o", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+#[test]
+fn command_handlers_succeed_fail_time_out_and_repeat() {
+    let root = tempdir();
+    write_config(root.path(), "");
+    let d = start(root.path());
+    let ok = enqueue(&d.dir, "ok");
+    let fail = enqueue(&d.dir, "fail");
+    let slow = enqueue(&d.dir, "slow");
+    let rep = enqueue(&d.dir, "repeat");
+    let done =
+        |id| show(&d.dir, id)["status"] != "queued" && show(&d.dir, id)["status"] != "running";
+    wait_for("all four to finish", || {
+        [ok, fail, slow, rep].iter().all(|id| done(*id))
+    });
+    let t = show(&d.dir, ok);
+    assert_eq!(t["status"], "succeeded");
+    assert_eq!(t["result"]["node"], "edge-7");
+    let t = show(&d.dir, fail);
+    assert_eq!(t["status"], "failed", "two attempts used: a dead letter");
+    assert_eq!(
+        t["last_failure"],
+        "helm upgrade failed: cannot patch \"mcplay\""
+    );
+    let t = show(&d.dir, slow);
+    assert_eq!(t["last_failure"], "timed out after 2s");
+    let t = show(&d.dir, rep);
+    assert_eq!(
+        (
+            t["status"].as_str(),
+            t["failures"].as_u64(),
+            t["attempts"].as_u64()
+        ),
+        (Some("succeeded"), Some(0), Some(2))
+    );
+    assert_eq!(t["result"], "again");
+    // A dead letter can be retried through the daemon.
+    let o = berth(&d.dir, &["task", "retry", &fail.to_string()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    wait_for("the retry to fail again", || {
+        show(&d.dir, fail)["attempts"] == 4
+    });
+}
+
+#[test]
+fn the_socket_is_private_and_survives_bad_requests() {
+    let root = tempdir();
+    write_config(root.path(), "");
+    let d = start(root.path());
+    let sock = d.dir.join("berth.sock");
+    let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let mut s = UnixStream::connect(&sock).unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let mut line = String::new();
+    s.write_all(b"{\"op\":\"no_such_op\"}\n").unwrap();
+    r.read_line(&mut line).unwrap();
+    assert!(
+        line.contains("\"code\":2") && line.contains("malformed request"),
+        "{line}"
+    );
+    line.clear();
+    s.write_all(b"not json at all\n").unwrap();
+    r.read_line(&mut line).unwrap();
+    assert!(line.contains("malformed request"), "{line}");
+    line.clear();
+    s.write_all(b"{\"op\":\"queue_list\"}\n").unwrap();
+    r.read_line(&mut line).unwrap();
+    assert!(
+        line.starts_with("{\"result\":["),
+        "the same connection still works: {line}"
+    );
+    // An oversized request is refused and the daemon keeps serving others.
+    let mut big = UnixStream::connect(&sock).unwrap();
+    let chunk = vec![b'x'; 1 << 20];
+    let mut answer = String::new();
+    for _ in 0..70 {
+        if big.write_all(&chunk).is_err() {
+            break;
+        }
+    }
+    let _ = BufReader::new(big).read_line(&mut answer);
+    assert!(
+        answer.is_empty() || answer.contains("request is over"),
+        "{answer}"
+    );
+    assert_eq!(enqueue(&d.dir, "ok"), 1);
+    let o = berth(&d.dir, &["queue", "list", "-o", "json"]);
+    assert!(o.status.success());
+}
+
+#[test]
+fn sigterm_waits_for_running_tasks_and_a_restart_loses_nothing() {
+    let root = tempdir();
+    write_config(root.path(), "");
+    let mut d = start(root.path());
+    let g = enqueue(&d.dir, "grace");
+    // Two queued behind it in the same queue.
+    let behind: Vec<u64> = (0..2)
+        .map(|_| {
+            let o = berth(
+                &d.dir,
+                &[
+                    "enqueue", "--queue", "grace", "--kind", "Sh", "--name", "ok",
+                ],
+            );
+            stdout(&o).trim().parse().unwrap()
+        })
+        .collect();
+    wait_for("the grace task to run", || {
+        show(&d.dir, g)["status"] == "running"
+    });
+    unsafe {
+        libc::kill(d.child.id() as i32, libc::SIGTERM);
+    }
+    let status = d.child.wait().unwrap();
+    assert!(status.success(), "graceful stop exits 0: {status:?}");
+    // Offline now: the CLI opens the data dir directly, same output.
+    let t = show(&d.dir, g);
+    assert_eq!(
+        t["status"], "succeeded",
+        "the running task was allowed to finish"
+    );
+    for id in &behind {
+        assert_eq!(show(&d.dir, *id)["status"], "queued");
+    }
+    let list = stdout(&berth(&d.dir, &["queue", "list"]));
+    assert!(
+        list.contains("Queue 'grace': length 2, status: ''"),
+        "{list}"
+    );
+    d = start(root.path());
+    wait_for("the rest after restart", || {
+        behind
+            .iter()
+            .all(|id| show(&d.dir, *id)["status"] == "succeeded")
+    });
+    drop(d);
+    let o = berth(&root.path().join("data"), &["verify"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+#[test]
+fn a_bad_config_names_the_file_line_and_key() {
+    let root = tempdir();
+    let cfg = write_config(root.path(), "[budget]\nmax_object = \"lots\"\n");
+    let o = Command::new(berth_bin())
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(
+        err.contains(&format!(
+            "{}:11: key budget.max_object: 'lots' is not a size",
+            cfg.display()
+        )),
+        "{err}"
+    );
+    assert!(!root.path().join("data").exists(), "nothing was created");
+}
