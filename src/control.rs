@@ -36,7 +36,7 @@ pub fn socket_path(data_dir: &Path) -> PathBuf {
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Request {
     Enqueue {
-        spec: TaskSpec,
+        spec: Box<TaskSpec>,
         #[serde(default)]
         first: bool,
         #[serde(default)]
@@ -152,7 +152,7 @@ pub fn handle(engine: &Engine, req: Request) -> Response {
             first,
             after,
             before,
-        } => match engine.enqueue(spec, placement(first, after, before)) {
+        } => match engine.enqueue(*spec, placement(first, after, before)) {
             Ok(id) => Response::ok(json!([id])),
             Err(e) => Response::err(
                 if e.is_bad_input() {

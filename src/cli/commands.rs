@@ -166,7 +166,7 @@ fn enqueue(dir: &Path, a: EnqueueArgs) -> Result<(), CliError> {
     spec.validate()
         .map_err(|e| CliError::input(format!("--{}: {}", e.field.replace('_', "-"), e.reason)))?;
     let req = Request::Enqueue {
-        spec: spec.clone(),
+        spec: Box::new(spec.clone()),
         first: a.first,
         after: a.after,
         before: a.before,
