@@ -19,6 +19,7 @@ case "$BERTH_TASK_NAME" in
   slow) sleep 30 ;;
   repeat) if [ "$BERTH_ATTEMPT" -lt 2 ]; then exit 75; fi; echo '"again"' ;;
   grace) sleep 0.5; echo '"done"' ;;
+  fds) printf '"%s"' "$(ls -l /proc/$$/fd | awk '{print $NF}' | tr '\n' ' ')" ;;
 esac
 "#;
 
@@ -125,6 +126,25 @@ fn command_handlers_succeed_fail_time_out_and_repeat() {
         (Some("succeeded"), Some(0), Some(2))
     );
     assert_eq!(t["result"], "again");
+    // Handlers inherit none of berth's files: not the database, the lock or the socket.
+    let fds = enqueue(&d.dir, "fds");
+    wait_for("the fd listing", || {
+        show(&d.dir, fds)["status"] == "succeeded"
+    });
+    let listing = show(&d.dir, fds)["result"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        listing.contains("pipe:"),
+        "the handler listed its fds: {listing}"
+    );
+    for leaked in ["berth.sock", "berth.lock", "/data/db", "socket:"] {
+        assert!(
+            !listing.contains(leaked),
+            "handler inherited {leaked}: {listing}"
+        );
+    }
     // A dead letter can be retried through the daemon.
     let o = berth(&d.dir, &["task", "retry", &fail.to_string()]);
     assert!(o.status.success(), "{}", stderr(&o));

@@ -554,6 +554,10 @@ fn a_failing_child_leaves_its_siblings_running_and_shows_on_the_parent() {
             let p = s.store.task(parent).unwrap().unwrap();
             p.failures == 1 && p.name == "Parallel run for mcplay"
         });
+        // The statuses are published after the step that wrote the failure.
+        wait_for("the statuses", || {
+            render_text(&e.queue_views(), false).contains("status: 'sleep after fail")
+        });
         let out = render_text(&e.queue_views(), false);
         assert!(out.contains(
             " 1. ParallelModuleRun:main:Parallel run for mcplay:doStartup:OperatorStartup:failures 1:\n    Errors:\n    - mcplay: helm upgrade failed: cannot patch \"mcplay\" with kind Deployment\n\n 2. ModuleRun:main:after\n"
@@ -617,4 +621,77 @@ fn removing_a_parent_removes_its_children() {
         assert!(s.store.task(c).unwrap().is_none());
     }
     assert_log_agrees(&s.store);
+}
+
+#[test]
+fn a_repeating_head_shows_repeat_head_task_until_a_worker_takes_it() {
+    use berth::engine::scheduler::{Completion, Scheduler, StepEnv};
+    use berth::engine::status::render;
+    let s = setup(FakeClock::new(T0));
+    let cfg = EngineConfig::default();
+    let handlers = Arc::new(Handlers::new());
+    let (tx, _rx) = crossbeam_channel::unbounded();
+    let env = StepEnv {
+        config: &cfg,
+        handlers: &handlers,
+        budget: s.store.budget(),
+        tx: &tx,
+    };
+    let id = berth::submit::enqueue_one(&s.store, spec("q", "r"), Placement::Last).unwrap();
+    let mut sched = Scheduler::new();
+    let status = |sched: &Scheduler| render(&sched.activities(T0)["q"].current(), T0);
+    // Start it (the job is not handed to any worker here).
+    let mut w = s.store.write();
+    let jobs = sched.dispatch(&mut w, &env).unwrap();
+    w.commit().unwrap();
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(status(&sched), "waiting for task 0s");
+    // It asks to repeat: the queue says so, then again once restarted.
+    let mut w = s.store.write();
+    let done = Completion {
+        id,
+        queue: "q".into(),
+        outcome: Outcome::new(RunResult::Repeat),
+        duration_ms: 1,
+    };
+    sched.complete(&mut w, &env, done).unwrap();
+    w.commit().unwrap();
+    assert_eq!(status(&sched), "repeat head task");
+    let mut w = s.store.write();
+    let jobs = sched.dispatch(&mut w, &env).unwrap();
+    w.commit().unwrap();
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(status(&sched), "repeat head task");
+    let t = s.store.task(id).unwrap().unwrap();
+    assert_eq!((t.attempts, t.failures), (2, 0));
+}
+
+#[test]
+fn a_result_over_the_budget_is_cut_with_a_marker() {
+    let s = setup(FakeClock::auto_advancing(T0));
+    let mut h = Handlers::new();
+    h.register("ModuleRun", |_: &TaskContext| {
+        let mut rng = fastrand::Rng::with_seed(9);
+        let noise: String = (0..4 << 20).map(|_| rng.alphanumeric()).collect();
+        Outcome::success().with_output(serde_json::Value::String(noise))
+    });
+    let e = engine(&s, h, EngineConfig::default());
+    let id = e.enqueue(spec("main", "big"), Placement::Last).unwrap();
+    e.run_until_idle().unwrap();
+    let t = s.store.task(id).unwrap().unwrap();
+    assert_eq!(t.status, Status::Succeeded);
+    let r = t
+        .result
+        .unwrap()
+        .to_json("result", s.store.budget())
+        .unwrap();
+    assert_eq!(r["truncated"], true);
+    assert!(
+        r["reason"]
+            .as_str()
+            .unwrap()
+            .contains("the object budget is 1.5 MiB"),
+        "{r}"
+    );
+    assert_eq!(r["head"].as_str().unwrap().len(), 64 * 1024);
 }

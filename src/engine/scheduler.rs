@@ -50,6 +50,8 @@ struct Running {
     picked: Arc<AtomicBool>,
     /// A group parent waiting for its children (no job in the pool).
     group: bool,
+    /// Started again because it asked to repeat.
+    repeat: bool,
 }
 
 #[derive(Debug, Default)]
@@ -100,11 +102,22 @@ pub struct StepEnv<'a> {
     pub tx: &'a Sender<Msg>,
 }
 
+/// How much of an over-budget result is kept, as text, beside the marker.
+const RESULT_HEAD: usize = 64 * 1024;
+
 fn result_blob(output: &Option<serde_json::Value>, budget: &Budget) -> Option<Blob> {
     let v = output.as_ref()?;
     Some(Blob::from_json("result", v, budget).unwrap_or_else(|e| {
-        // Over the budget even compressed: keep a marker, not the result.
-        let marker = json!({"truncated": true, "reason": e.to_string()});
+        // Over the budget even compressed: keep its head and say so.
+        let text = match v {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        let mut cut = RESULT_HEAD.min(text.len());
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let marker = json!({"truncated": true, "reason": e.to_string(), "head": &text[..cut]});
         Blob::from_json("result", &marker, budget).unwrap_or_default()
     }))
 }
@@ -142,7 +155,11 @@ impl Scheduler {
                 let a = match &q.running {
                     Some(r) if !r.group && !r.picked.load(Ordering::SeqCst) => {
                         picked = Some(r.picked.clone());
-                        QueueActivity::WaitingForWorker { since_ms: r.since }
+                        if r.repeat {
+                            QueueActivity::Repeat
+                        } else {
+                            QueueActivity::WaitingForWorker { since_ms: r.since }
+                        }
                     }
                     Some(_) => QueueActivity::Running,
                     None => match &q.activity_after {
@@ -432,6 +449,7 @@ impl Scheduler {
                     continue;
                 }
                 let q = self.queue(&name);
+                let repeating = q.activity_after == Some(QueueActivity::Repeat);
                 q.activity_after = None;
                 if !task.children.is_empty() {
                     self.dispatch_group(w, env, &task, now)?;
@@ -440,7 +458,7 @@ impl Scheduler {
                 }
                 w.start(task.id)?;
                 let task = w.task(task.id)?.clone();
-                jobs.push(self.job(env, task, now));
+                jobs.push(self.job(env, task, now, repeating));
             }
             if !grouped {
                 break;
@@ -484,6 +502,7 @@ impl Scheduler {
             since: now,
             picked: Arc::new(AtomicBool::new(true)),
             group: true,
+            repeat: false,
         });
         // A group whose children all finished before a crash finishes now.
         let any_live = parent
@@ -496,13 +515,14 @@ impl Scheduler {
         Ok(())
     }
 
-    fn job(&mut self, env: &StepEnv<'_>, task: Task, now: u64) -> Job {
+    fn job(&mut self, env: &StepEnv<'_>, task: Task, now: u64, repeat: bool) -> Job {
         let picked = Arc::new(AtomicBool::new(false));
         self.queue(&task.queue).running = Some(Running {
             id: task.id,
             since: now,
             picked: picked.clone(),
             group: false,
+            repeat,
         });
         self.in_flight += 1;
         let handlers = env.handlers.clone();
