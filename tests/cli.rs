@@ -246,3 +246,38 @@ fn concurrent_short_commands_wait_for_each_other() {
         serde_json::from_slice(&berth(&d, &["queue", "list", "-o", "json"]).stdout).unwrap();
     assert_eq!(v["summary"]["totalTasks"], 6);
 }
+
+#[test]
+fn queue_list_watch_redraws_until_interrupted() {
+    use std::io::Read;
+    let dir = tempdir();
+    let d = dir.path().join("data");
+    berth(
+        &d,
+        &["enqueue", "--queue", "main", "--kind", "K", "--name", "a"],
+    );
+    let mut child = std::process::Command::new(common::berth_bin())
+        .arg("--data-dir")
+        .arg(&d)
+        .args(["queue", "list", "--watch", "--interval", "50ms"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while seen.windows(8).filter(|w| w == b"Summary:").count() < 3 {
+        let n = out.read(&mut buf).unwrap();
+        assert!(n > 0, "watch ended early");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let text = String::from_utf8_lossy(&seen);
+    assert!(
+        text.starts_with("\x1b[H\x1b[2JQueue 'main': length 1"),
+        "{text}"
+    );
+    let bad = berth(&d, &["queue", "list", "--watch", "--interval", "1ms"]);
+    assert_eq!(bad.status.code(), Some(2));
+}
