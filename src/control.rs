@@ -221,7 +221,12 @@ impl Server {
     pub fn bind(data_dir: &Path) -> std::io::Result<(Server, UnixListener)> {
         let path = socket_path(data_dir);
         let _ = std::fs::remove_file(&path);
-        let listener = UnixListener::bind(&path)?;
+        // Created private (umask 077) so nobody can connect before the chmod.
+        // SAFETY: umask(2) only swaps the process's file mode mask.
+        let old = unsafe { libc::umask(0o077) };
+        let bound = UnixListener::bind(&path);
+        unsafe { libc::umask(old) };
+        let listener = bound?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
         Ok((
             Server {

@@ -76,11 +76,6 @@ pub enum EventKind {
         failures: u32,
         message: Option<String>,
     },
-    /// A dead letter went back from the history to its queue, failures reset.
-    Retried {
-        id: u64,
-        placement: Placement,
-    },
     /// The task was deleted with no trace but this event.
     Removed {
         id: u64,
@@ -89,6 +84,12 @@ pub enum EventKind {
     MovedToHistory {
         id: u64,
         status: Status,
+    },
+    // New variants go last: bincode encodes the variant's position.
+    /// A dead letter went back from the history to its queue, failures reset.
+    Retried {
+        id: u64,
+        placement: Placement,
     },
 }
 
