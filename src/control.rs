@@ -143,6 +143,20 @@ fn write_error(e: &WriteError) -> Response {
     Response::err(code, e.to_string())
 }
 
+fn enqueued(r: Result<Vec<u64>, crate::submit::EnqueueError>) -> Response {
+    match r {
+        Ok(ids) => Response::ok(json!(ids)),
+        Err(e) => Response::err(
+            if e.is_bad_input() {
+                CODE_INPUT
+            } else {
+                CODE_RUNTIME
+            },
+            e.to_string(),
+        ),
+    }
+}
+
 /// Answers one request against a running engine.
 pub fn handle(engine: &Engine, req: Request) -> Response {
     let store = engine.store();
@@ -152,28 +166,12 @@ pub fn handle(engine: &Engine, req: Request) -> Response {
             first,
             after,
             before,
-        } => match engine.enqueue(*spec, placement(first, after, before)) {
-            Ok(id) => Response::ok(json!([id])),
-            Err(e) => Response::err(
-                if e.is_bad_input() {
-                    CODE_INPUT
-                } else {
-                    CODE_RUNTIME
-                },
-                e.to_string(),
-            ),
-        },
-        Request::EnqueueBatch { tasks } => match engine.enqueue_batch(tasks) {
-            Ok(ids) => Response::ok(json!(ids)),
-            Err(e) => Response::err(
-                if e.is_bad_input() {
-                    CODE_INPUT
-                } else {
-                    CODE_RUNTIME
-                },
-                e.to_string(),
-            ),
-        },
+        } => enqueued(
+            engine
+                .enqueue(*spec, placement(first, after, before))
+                .map(|id| vec![id]),
+        ),
+        Request::EnqueueBatch { tasks } => enqueued(engine.enqueue_batch(tasks)),
         Request::QueueList => Response::ok(views_to_json(&engine.queue_views())),
         Request::TaskShow { id } => match store.task(id) {
             Ok(Some(t)) => Response::ok(report::task_json(&t, store.budget())),
