@@ -3,14 +3,23 @@
 
 mod cli;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches, parser::ValueSource};
 
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
         .format_timestamp_millis()
         .init();
-    let args = cli::args::Cli::parse();
-    let code = match cli::commands::run(args) {
+    let matches = cli::args::Cli::command().get_matches();
+    // `berth run` takes its data dir from the config unless one is given here.
+    let data_dir_given = matches!(
+        matches.value_source("data_dir"),
+        Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+    );
+    let args = match cli::args::Cli::from_arg_matches(&matches) {
+        Ok(a) => a,
+        Err(e) => e.exit(),
+    };
+    let code = match cli::commands::run(args, data_dir_given) {
         Ok(()) => cli::EXIT_OK,
         Err(e) => {
             eprintln!("berth: {e}");

@@ -15,10 +15,10 @@ use berth::task::TaskSpec;
 use super::args::{Cli, Command, EnqueueArgs, Format, QueueCommand, TaskCommand};
 use super::{CliError, EXIT_INPUT, EXIT_RUNTIME};
 
-pub fn run(cli: Cli) -> Result<(), CliError> {
+pub fn run(cli: Cli, data_dir_given: bool) -> Result<(), CliError> {
     let dir = cli.data_dir.as_path();
     match cli.command {
-        Command::Run(a) => super::daemon::run(a),
+        Command::Run(a) => super::daemon::run(a, data_dir_given.then_some(dir)),
         Command::Enqueue(a) => enqueue(dir, *a),
         Command::Queue(QueueCommand::List {
             output,

@@ -16,8 +16,13 @@ use super::args::RunArgs;
 use super::commands::read_file;
 use super::{CliError, EXIT_RUNTIME};
 
-pub fn run(a: RunArgs) -> Result<(), CliError> {
-    let config = Config::load(&a.config).map_err(|e| CliError::input(e.to_string()))?;
+/// `data_dir`, when given on the command line or in BERTH_DATA_DIR,
+/// overrides the config's `data_dir`.
+pub fn run(a: RunArgs, data_dir: Option<&std::path::Path>) -> Result<(), CliError> {
+    let mut config = Config::load(&a.config).map_err(|e| CliError::input(e.to_string()))?;
+    if let Some(d) = data_dir {
+        config.data_dir = d.to_path_buf();
+    }
     // Check the batch before touching the data dir.
     let batch = match &a.enqueue {
         Some(f) => {
