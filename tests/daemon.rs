@@ -19,6 +19,7 @@ case "$BERTH_TASK_NAME" in
   slow) sleep 30 ;;
   repeat) if [ "$BERTH_ATTEMPT" -lt 2 ]; then exit 75; fi; echo '"again"' ;;
   grace) sleep 0.5; echo '"done"' ;;
+  hang) echo $$ > "hang.pid"; exec sleep 30 ;;
   fds) printf '"%s"' "$(ls -l /proc/$$/fd | awk '{print $NF}' | tr '\n' ' ')" ;;
 esac
 "#;
@@ -270,4 +271,36 @@ fn a_bad_config_names_the_file_line_and_key() {
         "{err}"
     );
     assert!(!root.path().join("data").exists(), "nothing was created");
+}
+
+#[test]
+fn a_handler_dies_with_a_killed_daemon() {
+    let root = tempdir();
+    write_config(root.path(), "");
+    let mut d = start(root.path());
+    enqueue(&d.dir, "hang");
+    let pidfile = root.path().join("hang.pid");
+    let mut pid = 0i32;
+    wait_for("the handler's pid", || {
+        pid = std::fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+        pid > 0
+    });
+    let alive = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| {
+                !s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
+            .unwrap_or(false)
+    };
+    assert!(alive(pid));
+    d.child.kill().unwrap();
+    d.child.wait().unwrap();
+    wait_for("the handler to die with the daemon", || !alive(pid));
 }

@@ -92,6 +92,10 @@ pub fn run(a: RunArgs, data_dir: Option<&std::path::Path>) -> Result<(), CliErro
         r
     })
     .map_err(|e| CliError::runtime(format!("the engine stopped: {e}")))?;
+    if summary.abandoned > 0 {
+        let n = berth::engine::command::kill_running();
+        log::warn!("killed {n} handler process group(s) still running after the grace period");
+    }
     log::info!(
         "berth stopped: {} succeeded, {} failed attempts, {} dead letters, {} abandoned",
         summary.tally.succeeded,

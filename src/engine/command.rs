@@ -25,6 +25,45 @@ pub const EXIT_REPEAT: i32 = 75;
 /// How much of stderr a failure message keeps.
 const STDERR_KEEP: usize = 4096;
 
+/// Process groups of handlers running now, so a stop can end them.
+static RUNNING: std::sync::Mutex<std::collections::BTreeSet<i32>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// Registers a running handler's process group for its lifetime.
+struct Running(i32);
+
+impl Running {
+    fn new(pgid: i32) -> Self {
+        RUNNING
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(pgid);
+        Running(pgid)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        RUNNING
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.0);
+    }
+}
+
+/// Kills the process group of every handler still running (after a stop
+/// whose grace period ran out). Returns how many there were.
+pub fn kill_running() -> usize {
+    let groups = RUNNING.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    for g in &groups {
+        // SAFETY: kill(2) on process groups berth started.
+        unsafe {
+            libc::kill(-g, libc::SIGKILL);
+        }
+    }
+    groups.len()
+}
+
 /// One argv with where and how to run it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommandSpec {
@@ -99,10 +138,21 @@ pub fn run_command(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
+    // SAFETY: prctl(2) is async-signal-safe; the handler dies with berth
+    // (a crash, kill -9) instead of running on beside its own re-run.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
     let mut child = cmd
         .spawn()
         .map_err(|e| format!("cannot start {prog}: {e}"))?;
     let pid = child.id() as i32;
+    let _running = Running::new(pid);
     let mut input = child.stdin.take();
     let body = stdin.to_vec();
     let writer = std::thread::spawn(move || {
