@@ -131,7 +131,7 @@ impl<'s> WriteTxn<'s> {
 
     fn read(&self, prefix: u8, id: u64) -> Result<Option<Task>, WriteError> {
         let key = keys::id_key(prefix, id);
-        match self.store.tree.get(key)? {
+        match self.store.get_raw(&key)? {
             None => Ok(None),
             Some(v) => codec::decode(&v).map(Some).map_err(|e| {
                 WriteError::Corrupt(CorruptRecord {
@@ -482,18 +482,20 @@ impl<'s> WriteTxn<'s> {
                 budget: codec::MAX_RECORD_BYTES,
             }));
         }
-        let tree = &self.store.tree;
-        tree.insert(keys::id_key(EVENT, first_seq), bytes)?;
-        // From here on the record is in: a failure leaves the store to be
-        // repaired by reopening, which re-applies the record.
-        if let Err(e) = apply_writes(tree, &record.writes) {
-            self.store.poison();
-            return Err(e.into());
-        }
+        let store = self.store;
+        store.overlay.wait_for_room();
+        store.tree.insert(keys::id_key(EVENT, first_seq), bytes)?;
+        // The record is in: its key writes go to the overlay, where readers
+        // see them at once, and the applier writes them to the tree later.
+        let events = record.events.len();
+        store.overlay.put(
+            first_seq,
+            record.writes.into_iter().map(|w| (w.key, w.value)),
+        );
         let ticket = self.store.commit.applied();
         let receipt = Receipt {
             last_seq: self.next_seq - 1,
-            events: record.events.len(),
+            events,
         };
         {
             let (next_id, next_seq) = (self.next_id, self.next_seq);
@@ -503,8 +505,7 @@ impl<'s> WriteTxn<'s> {
         }
         self.undo.clear();
         self.inner = None; // release the write lock before waiting for the disk
-        if self.store.durability == Durability::Sync {
-            let store = self.store;
+        if store.durability == Durability::Sync {
             store
                 .commit
                 .wait_durable(ticket, || store.flush_now())
