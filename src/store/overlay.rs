@@ -28,6 +28,9 @@ use sled::IVec;
 use crate::codec;
 use crate::store::keys;
 
+/// How long the applier lets commits gather after it wakes up.
+const GATHER: std::time::Duration = std::time::Duration::from_millis(2);
+
 /// Pending entries above which a commit waits for the applier (backpressure).
 const MAX_PENDING: usize = 200_000;
 
@@ -182,6 +185,9 @@ impl Overlay {
                     }
                     if st.applied_version == st.version {
                         drop(self::wait(&me.cv, st));
+                        // Let a few more commits arrive: a key written by
+                        // several of them is then written to the tree once.
+                        std::thread::sleep(GATHER);
                     }
                 }
             })
