@@ -6,15 +6,15 @@
 //! applying its event ([`event::apply`]), so the state cannot say what the
 //! log does not. Dropping a transaction without committing discards it.
 //!
-//! `commit` first inserts one [`CommitRecord`] (the events and the exact key
-//! writes) under `e` + first sequence number, then makes the key writes with
-//! plain inserts, then waits for durability as the store's mode says. sled
-//! recovers a prefix of its log after a crash, so if any write of a commit
-//! survived, its record did; and only the last record can be partly applied.
-//! Opening the store re-applies the last record's writes (they are whole
-//! values, so doing it twice is harmless). This costs one insert more than
-//! the writes themselves, and unlike sled's `apply_batch` it never blocks
-//! behind a flush in progress, so concurrent commits share flushes.
+//! `commit` inserts one [`CommitRecord`] (the events and the exact key
+//! writes) under `e` + first sequence number, puts the key writes in the
+//! store's overlay (which every read consults first), and waits for
+//! durability as the store's mode says. A background applier writes the keys
+//! to the tree later, then an applied mark; opening the store re-applies
+//! every record after the mark (see `overlay`). So one insert and one shared
+//! flush acknowledge a commit, and unlike sled's `apply_batch` the insert
+//! never blocks behind a flush in progress, so concurrent commits share
+//! flushes.
 
 use std::collections::BTreeMap;
 use std::sync::MutexGuard;
@@ -515,7 +515,7 @@ impl<'s> WriteTxn<'s> {
     }
 }
 
-/// Makes a commit record's key writes.
+/// Makes a commit record's key writes in the tree (used by open to re-apply records).
 pub(crate) fn apply_writes(tree: &sled::Db, writes: &[KeyWrite]) -> Result<(), sled::Error> {
     for w in writes {
         match &w.value {
