@@ -9,7 +9,6 @@ pub mod event;
 pub mod keys;
 pub mod lock;
 pub mod order;
-mod overlay;
 pub mod verify;
 mod write;
 
