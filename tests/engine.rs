@@ -493,16 +493,7 @@ fn the_seed_startup_batch_gives_the_seed_layout() {
         });
         let out = render_text(&e.queue_views(), false);
         assert!(out.starts_with("Queue 'main': length 33, status: 'run first task'\n\n 1. ParallelModuleRun:main:Parallel run for cloud-data-crd"), "{out}");
-        let crds = [
-            "cloud-data-crd",
-            "metallb-crd",
-            "operator-prometheus-crd",
-            "prometheus-crd",
-            "snapshot-controller-crd",
-            "user-authn-crd",
-            "vertical-pod-autoscaler-crd",
-        ];
-        for (i, name) in crds.iter().enumerate() {
+        for (i, name) in common::SEED_CRDS.iter().enumerate() {
             let block = format!(
                 "Queue 'parallel_queue_{i}': length 1, status: 'run first task'\n\n 1. ModuleRun:parallel_queue_{i}:{name}:doStartup:OperatorStartup\n"
             );

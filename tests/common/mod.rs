@@ -92,19 +92,22 @@ pub fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// The seven CRD modules that start the seed's startup, as one group.
+pub const SEED_CRDS: [&str; 7] = [
+    "cloud-data-crd",
+    "metallb-crd",
+    "operator-prometheus-crd",
+    "prometheus-crd",
+    "snapshot-controller-crd",
+    "user-authn-crd",
+    "vertical-pod-autoscaler-crd",
+];
+
 /// The seed's last startup list (addon-operator's `queue list`), as specs:
 /// the seven CRD modules share a weight, then singles and groups in order.
 pub fn seed_startup_specs() -> Vec<TaskSpec> {
     let steps: Vec<Vec<&str>> = vec![
-        vec![
-            "cloud-data-crd",
-            "metallb-crd",
-            "operator-prometheus-crd",
-            "prometheus-crd",
-            "snapshot-controller-crd",
-            "user-authn-crd",
-            "vertical-pod-autoscaler-crd",
-        ],
+        SEED_CRDS.to_vec(),
         vec!["flow-schema"],
         vec!["admission-policy-engine"],
         vec!["cloud-provider-openstack"],
