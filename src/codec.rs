@@ -41,7 +41,8 @@ fn base() -> config::Configuration {
 
 /// Frames a value as a record.
 pub fn encode<T: Encode>(value: &T) -> Vec<u8> {
-    let mut out = vec![FORMAT_VERSION];
+    let mut out = Vec::with_capacity(256);
+    out.push(FORMAT_VERSION);
     // Encoding into a Vec only fails for types that refuse to encode; ours never do.
     if let Err(e) = bincode::encode_into_std_write(value, &mut out, base()) {
         log::error!("codec: encoding failed: {e}");

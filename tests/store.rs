@@ -386,3 +386,49 @@ fn opening_re_applies_a_commit_whose_writes_were_cut_short() {
     assert_eq!(s.task(b).unwrap().unwrap().name, "b");
     assert_log_agrees(&s);
 }
+
+#[test]
+fn opening_re_applies_every_commit_after_the_applied_mark() {
+    let dir = tempdir();
+    let clock = FakeClock::new(T0);
+    let ids: Vec<u64>;
+    {
+        let s = open(dir.path(), &clock);
+        ids = (0..5)
+            .map(|i| add(&s, "main", &format!("t{i}"), Placement::Last))
+            .collect();
+        let mut w = s.write();
+        w.start(ids[0]).unwrap();
+        w.succeed(ids[0], None).unwrap();
+        w.to_history(ids[0], Status::Succeeded).unwrap();
+        w.commit().unwrap();
+    }
+    {
+        // What a crash leaves when the applier had not yet written the last
+        // four commits: their records are there, their keys and the mark are not.
+        use berth::store::keys;
+        let db = sled::open(dir.path().join("db")).unwrap();
+        db.insert(keys::META_APPLIED, berth::codec::encode(&1u64))
+            .unwrap();
+        for id in &ids[1..] {
+            db.remove(keys::id_key(keys::TASK, *id)).unwrap();
+        }
+        db.remove(keys::id_key(keys::HISTORY, ids[0])).unwrap();
+        db.insert(keys::id_key(keys::TASK, ids[0]), b"stale".to_vec())
+            .unwrap();
+        let qkeys: Vec<_> = db
+            .scan_prefix(b"qmain")
+            .keys()
+            .map(|k| k.unwrap())
+            .collect();
+        for k in qkeys {
+            db.remove(k).unwrap();
+        }
+        db.flush().unwrap();
+    }
+    let s = open(dir.path(), &clock);
+    assert!(s.corrupt_records().is_empty(), "{:?}", s.corrupt_records());
+    assert_eq!(s.queue_ids("main"), ids[1..].to_vec());
+    assert_eq!(s.task(ids[0]).unwrap().unwrap().status, Status::Succeeded);
+    assert_log_agrees(&s);
+}

@@ -21,6 +21,7 @@ use crate::store::event::{CommitRecord, Event, INTERRUPTED};
 use crate::store::keys::{self, EVENT, HISTORY, QUEUE, TASK};
 use crate::store::lock::{DirLock, LockError, Role};
 use crate::store::order::Order;
+use crate::store::overlay::{self, Overlay};
 use crate::store::write::{WriteTxn, apply_writes};
 use crate::task::{Status, Task};
 
@@ -66,9 +67,12 @@ pub struct Store {
     pub(crate) clock: SharedClock,
     pub(crate) budget: Budget,
     pub(crate) durability: Durability,
+    /// Committed key writes not yet applied to the tree; every read looks here first.
+    pub(crate) overlay: Arc<Overlay>,
+    applier: Option<JoinHandle<()>>,
     corrupt: Vec<CorruptRecord>,
     recovered: Vec<u64>,
-    poisoned: std::sync::atomic::AtomicBool,
+    poisoned: Arc<std::sync::atomic::AtomicBool>,
     flusher: Option<(mpsc::Sender<()>, JoinHandle<()>)>,
     _lock: DirLock,
 }
@@ -133,7 +137,7 @@ impl Store {
             .map_err(db_err)?;
 
         // Format check.
-        match tree.get(keys::META_FORMAT).map_err(db_err)? {
+        let format = match tree.get(keys::META_FORMAT).map_err(db_err)? {
             None => {
                 if tree.iter().next().is_some() {
                     return Err(OpenError::Format {
@@ -142,11 +146,13 @@ impl Store {
                         expected: keys::STORE_FORMAT,
                     });
                 }
+                overlay::write_mark(&tree, 0).map_err(db_err)?;
                 tree.insert(keys::META_FORMAT, codec::encode(&keys::STORE_FORMAT))
                     .map_err(db_err)?;
+                keys::STORE_FORMAT
             }
             Some(v) => match codec::decode::<u64>(&v) {
-                Ok(keys::STORE_FORMAT) => {}
+                Ok(f @ (keys::STORE_FORMAT | keys::STORE_FORMAT_V1)) => f,
                 Ok(other) => {
                     return Err(OpenError::Format {
                         dir: dir.to_path_buf(),
@@ -162,18 +168,42 @@ impl Store {
                     });
                 }
             },
-        }
+        };
 
         let mut corrupt = Vec::new();
         let mut next_id = 1u64;
         let mut next_seq = 1u64;
-        // The last commit record may be partly applied: apply it again.
-        if let Some((k, v)) = tree
+        // Every record after the applied mark may be unapplied or partly
+        // applied: apply them again, in order. The last record is always
+        // included (re-applying an applied record is harmless). A format-1
+        // dir has no mark, and only its last record can be partly applied.
+        let last = tree
             .scan_prefix([EVENT])
             .next_back()
             .transpose()
-            .map_err(db_err)?
-        {
+            .map_err(db_err)?;
+        let last_key = last
+            .as_ref()
+            .and_then(|(k, _)| keys::parse_id_key(k))
+            .unwrap_or(0);
+        let mark = match tree.get(keys::META_APPLIED).map_err(db_err)? {
+            Some(v) if format == keys::STORE_FORMAT => match codec::decode::<u64>(&v) {
+                Ok(m) => m,
+                Err(e) => {
+                    corrupt.push(CorruptRecord {
+                        key: keys::key_display(keys::META_APPLIED),
+                        reason: e.to_string(),
+                    });
+                    0
+                }
+            },
+            Some(_) | None if format == keys::STORE_FORMAT_V1 => last_key.saturating_sub(1),
+            // A format-2 dir always has its mark; without it, re-apply everything.
+            _ => 0,
+        };
+        let from = (mark + 1).min(last_key.max(1));
+        for item in tree.range(keys::id_key(EVENT, from)..=keys::id_key(EVENT, u64::MAX)) {
+            let (k, v) = item.map_err(db_err)?;
             match codec::decode::<CommitRecord>(&v) {
                 Ok(rec) => {
                     apply_writes(&tree, &rec.writes).map_err(db_err)?;
@@ -188,6 +218,11 @@ impl Store {
                     next_seq = keys::parse_id_key(&k).map_or(1, |s| s + 1);
                 }
             }
+        }
+        overlay::write_mark(&tree, last_key).map_err(db_err)?;
+        if format == keys::STORE_FORMAT_V1 {
+            tree.insert(keys::META_FORMAT, codec::encode(&keys::STORE_FORMAT))
+                .map_err(db_err)?;
         }
         for prefix in [TASK, HISTORY] {
             if let Some((k, _)) = tree
@@ -226,6 +261,14 @@ impl Store {
             }
         }
 
+        let poisoned = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let overlay = Arc::new(Overlay::new(last_key));
+        let applier = overlay
+            .spawn(tree.clone(), poisoned.clone())
+            .map_err(|source| OpenError::Io {
+                dir: dir.to_path_buf(),
+                source,
+            })?;
         let commit = Arc::new(GroupCommit::default());
         let flusher = match opts.durability {
             Durability::Sync => None,
@@ -245,9 +288,11 @@ impl Store {
             clock,
             budget: opts.budget,
             durability: opts.durability,
+            overlay,
+            applier: Some(applier),
             corrupt,
             recovered: Vec::new(),
-            poisoned: std::sync::atomic::AtomicBool::new(false),
+            poisoned,
             flusher,
             _lock: lock,
         };
@@ -307,15 +352,6 @@ impl Store {
         self.poisoned.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    pub(crate) fn poison(&self) {
-        log::error!(
-            "{}: a write failed half way; reopen the data dir to repair it",
-            self.dir.display()
-        );
-        self.poisoned
-            .store(true, std::sync::atomic::Ordering::SeqCst);
-    }
-
     pub(crate) fn flush_now(&self) -> std::io::Result<()> {
         self.tree.flush().map(|_| ()).map_err(std::io::Error::other)
     }
@@ -356,8 +392,16 @@ impl Store {
         self.commit.flushes()
     }
 
+    /// The current value of a key: a pending write if there is one, else the tree's.
+    pub(crate) fn get_raw(&self, key: &[u8]) -> Result<Option<sled::IVec>, sled::Error> {
+        match self.overlay.get(key) {
+            Some(v) => Ok(v),
+            None => self.tree.get(key),
+        }
+    }
+
     fn read_record<T: bincode::Decode<()>>(&self, key: &[u8]) -> Result<Option<T>, ReadError> {
-        match self.tree.get(key)? {
+        match self.get_raw(key)? {
             None => Ok(None),
             Some(v) => codec::decode(&v).map(Some).map_err(|e| {
                 ReadError::Corrupt(CorruptRecord {
@@ -397,19 +441,44 @@ impl Store {
     }
 
     fn scan<T: bincode::Decode<()>>(&self, prefix: u8) -> Vec<Result<T, CorruptRecord>> {
-        self.tree
-            .scan_prefix([prefix])
-            .map(|item| {
-                let (k, v) = item.map_err(|e| CorruptRecord {
-                    key: format!("{}/?", prefix as char),
-                    reason: e.to_string(),
-                })?;
-                codec::decode(&v).map_err(|e| CorruptRecord {
-                    key: keys::key_display(&k),
-                    reason: e.to_string(),
-                })
+        // Pending writes first, so a key the applier writes meanwhile is read
+        // with a value at least as new as the one it had when the scan began.
+        let mut pending = self.overlay.prefix(prefix).into_iter().peekable();
+        let decode = |k: &[u8], v: &[u8]| {
+            codec::decode(v).map_err(|e| CorruptRecord {
+                key: keys::key_display(k),
+                reason: e.to_string(),
             })
-            .collect()
+        };
+        let mut out = Vec::new();
+        for item in self.tree.scan_prefix([prefix]) {
+            let (k, v) = match item {
+                Ok(kv) => kv,
+                Err(e) => {
+                    out.push(Err(CorruptRecord {
+                        key: format!("{}/?", prefix as char),
+                        reason: e.to_string(),
+                    }));
+                    continue;
+                }
+            };
+            while let Some((pk, pv)) = pending.next_if(|(pk, _)| pk.as_slice() < &k[..]) {
+                if let Some(pv) = pv {
+                    out.push(decode(&pk, &pv));
+                }
+            }
+            match pending.next_if(|(pk, _)| pk.as_slice() == &k[..]) {
+                Some((_, Some(pv))) => out.push(decode(&k, &pv)),
+                Some((_, None)) => {}
+                None => out.push(decode(&k, &v)),
+            }
+        }
+        for (pk, pv) in pending {
+            if let Some(pv) = pv {
+                out.push(decode(&pk, &pv));
+            }
+        }
+        out
     }
 
     /// The event log from `from_seq` on. A corrupt commit record yields one
@@ -521,6 +590,11 @@ impl Drop for Store {
     fn drop(&mut self) {
         if let Some((tx, handle)) = self.flusher.take() {
             drop(tx);
+            let _ = handle.join();
+        }
+        // Apply everything pending, so the tree alone holds the state.
+        self.overlay.stop();
+        if let Some(handle) = self.applier.take() {
             let _ = handle.join();
         }
         if let Err(e) = self.flush() {

@@ -5,10 +5,10 @@
 //!
 //! | key                                   | value (codec record)  |
 //! |---------------------------------------|-----------------------|
-//! | `m` name                              | meta: format, next_id |
+//! | `m` name                              | meta: format, applied |
 //! | `t` id:u64                            | live task             |
 //! | `h` id:u64                            | finished task         |
-//! | `e` seq:u64                           | event                 |
+//! | `e` seq:u64                           | commit record         |
 //! | `q` queue-name 0x00 position:i64(*)   | task id:u64           |
 //!
 //! (*) positions are stored with the sign bit flipped so that negative
@@ -21,9 +21,15 @@ pub const EVENT: u8 = b'e';
 pub const QUEUE: u8 = b'q';
 
 pub const META_FORMAT: &[u8] = b"mformat";
+/// The key (first event number) of a commit record up to which every record's
+/// key writes are in the tree; open re-applies the records after it.
+pub const META_APPLIED: &[u8] = b"mapplied";
 
 /// The on-disk layout version (the key layout above; the record framing has its own byte).
-pub const STORE_FORMAT: u64 = 1;
+pub const STORE_FORMAT: u64 = 2;
+/// The format before deferred apply (no `mapplied`; only the last record may
+/// be partly applied). Opening upgrades it.
+pub const STORE_FORMAT_V1: u64 = 1;
 
 pub fn id_key(prefix: u8, id: u64) -> [u8; 9] {
     let mut k = [0u8; 9];

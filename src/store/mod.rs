@@ -9,6 +9,7 @@ pub mod event;
 pub mod keys;
 pub mod lock;
 pub mod order;
+mod overlay;
 pub mod verify;
 mod write;
 

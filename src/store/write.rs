@@ -6,15 +6,15 @@
 //! applying its event ([`event::apply`]), so the state cannot say what the
 //! log does not. Dropping a transaction without committing discards it.
 //!
-//! `commit` first inserts one [`CommitRecord`] (the events and the exact key
-//! writes) under `e` + first sequence number, then makes the key writes with
-//! plain inserts, then waits for durability as the store's mode says. sled
-//! recovers a prefix of its log after a crash, so if any write of a commit
-//! survived, its record did; and only the last record can be partly applied.
-//! Opening the store re-applies the last record's writes (they are whole
-//! values, so doing it twice is harmless). This costs one insert more than
-//! the writes themselves, and unlike sled's `apply_batch` it never blocks
-//! behind a flush in progress, so concurrent commits share flushes.
+//! `commit` inserts one [`CommitRecord`] (the events and the exact key
+//! writes) under `e` + first sequence number, puts the key writes in the
+//! store's overlay (which every read consults first), and waits for
+//! durability as the store's mode says. A background applier writes the keys
+//! to the tree later, then an applied mark; opening the store re-applies
+//! every record after the mark (see `overlay`). So one insert and one shared
+//! flush acknowledge a commit, and unlike sled's `apply_batch` the insert
+//! never blocks behind a flush in progress, so concurrent commits share
+//! flushes.
 
 use std::collections::BTreeMap;
 use std::sync::MutexGuard;
@@ -131,7 +131,7 @@ impl<'s> WriteTxn<'s> {
 
     fn read(&self, prefix: u8, id: u64) -> Result<Option<Task>, WriteError> {
         let key = keys::id_key(prefix, id);
-        match self.store.tree.get(key)? {
+        match self.store.get_raw(&key)? {
             None => Ok(None),
             Some(v) => codec::decode(&v).map(Some).map_err(|e| {
                 WriteError::Corrupt(CorruptRecord {
@@ -519,18 +519,20 @@ impl<'s> WriteTxn<'s> {
                 budget: codec::MAX_RECORD_BYTES,
             }));
         }
-        let tree = &self.store.tree;
-        tree.insert(keys::id_key(EVENT, first_seq), bytes)?;
-        // From here on the record is in: a failure leaves the store to be
-        // repaired by reopening, which re-applies the record.
-        if let Err(e) = apply_writes(tree, &record.writes) {
-            self.store.poison();
-            return Err(e.into());
-        }
+        let store = self.store;
+        store.overlay.wait_for_room();
+        store.tree.insert(keys::id_key(EVENT, first_seq), bytes)?;
+        // The record is in: its key writes go to the overlay, where readers
+        // see them at once, and the applier writes them to the tree later.
+        let events = record.events.len();
+        store.overlay.put(
+            first_seq,
+            record.writes.into_iter().map(|w| (w.key, w.value)),
+        );
         let ticket = self.store.commit.applied();
         let receipt = Receipt {
             last_seq: self.next_seq - 1,
-            events: record.events.len(),
+            events,
         };
         {
             let (next_id, next_seq) = (self.next_id, self.next_seq);
@@ -540,8 +542,7 @@ impl<'s> WriteTxn<'s> {
         }
         self.undo.clear();
         self.inner = None; // release the write lock before waiting for the disk
-        if self.store.durability == Durability::Sync {
-            let store = self.store;
+        if store.durability == Durability::Sync {
             store
                 .commit
                 .wait_durable(ticket, || store.flush_now())
@@ -551,7 +552,7 @@ impl<'s> WriteTxn<'s> {
     }
 }
 
-/// Makes a commit record's key writes.
+/// Makes a commit record's key writes in the tree (used by open to re-apply records).
 pub(crate) fn apply_writes(tree: &sled::Db, writes: &[KeyWrite]) -> Result<(), sled::Error> {
     for w in writes {
         match &w.value {

@@ -1,0 +1,235 @@
+//! Deferred apply: the key writes of committed transactions that are not yet
+//! in sled's tree, and the background thread that applies them.
+//!
+//! A commit inserts only its commit record (events + exact key writes) into
+//! sled and puts its key writes here. Every read consults the overlay first,
+//! so readers see committed state at once. The applier thread takes a
+//! snapshot of everything pending, writes it to the tree with plain inserts
+//! (a key changed by several commits since the last round is written once,
+//! with its latest value), then writes `mapplied` = the key of the last
+//! commit record the snapshot covered, and drops from the overlay the
+//! entries that did not change meanwhile.
+//!
+//! Crash argument: sled recovers a prefix of its log. The applier writes a
+//! commit's keys only after its record was inserted, and `mapplied` only
+//! after the keys it covers, so after a crash every record after the
+//! recovered `mapplied` is re-applied at open, in order; the writes are whole
+//! values, so re-applying is harmless and yields exactly the state of the
+//! last recovered record.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use sled::IVec;
+
+use crate::codec;
+use crate::store::keys;
+
+/// How long the applier lets commits gather after it wakes up.
+const GATHER: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// Pending entries above which a commit waits for the applier (backpressure).
+const MAX_PENDING: usize = 200_000;
+
+#[derive(Debug, Default)]
+struct State {
+    /// key -> (value or None for removed, version of the commit that set it).
+    map: BTreeMap<Vec<u8>, (Option<IVec>, u64)>,
+    /// Commits put here (a version counter).
+    version: u64,
+    /// The key (first event number) of the last commit record put here.
+    committed_record: u64,
+    /// Version and record covered by the last finished apply round.
+    applied_version: u64,
+    /// The applier should drain and end.
+    stop: bool,
+    /// The applier failed: entries stay here (reads remain right) for good.
+    failed: bool,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Overlay {
+    state: Mutex<State>,
+    cv: Condvar,
+}
+
+impl Overlay {
+    /// An empty overlay over a tree where every record up to `record` is applied.
+    pub fn new(record: u64) -> Self {
+        let ov = Overlay::default();
+        ov.lock().committed_record = record;
+        ov
+    }
+}
+
+/// A pending value as readers see it: `Some(None)` means removed.
+pub(crate) type Pending = Option<Option<IVec>>;
+
+impl Overlay {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The pending value of a key, if any.
+    pub fn get(&self, key: &[u8]) -> Pending {
+        self.lock().map.get(key).map(|(v, _)| v.clone())
+    }
+
+    /// Pending entries whose keys start with `prefix`, in key order.
+    pub fn prefix(&self, prefix: u8) -> BTreeMap<Vec<u8>, Option<IVec>> {
+        let st = self.lock();
+        let start = [prefix];
+        let range = match prefix.checked_add(1) {
+            Some(end) => st
+                .map
+                .range::<[u8], _>((Bound::Included(&start[..]), Bound::Excluded(&[end][..]))),
+            None => st
+                .map
+                .range::<[u8], _>((Bound::Included(&start[..]), Bound::Unbounded)),
+        };
+        range.map(|(k, (v, _))| (k.clone(), v.clone())).collect()
+    }
+
+    /// Waits while too much is pending (called before a commit inserts its record).
+    pub fn wait_for_room(&self) {
+        let mut st = self.lock();
+        while st.map.len() > MAX_PENDING && !st.failed && !st.stop {
+            st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Puts one commit's key writes (after its record is in sled). Call it
+    /// under the store's write lock, so commits arrive in record order.
+    pub fn put(&self, record: u64, writes: impl IntoIterator<Item = (Vec<u8>, Option<Vec<u8>>)>) {
+        let mut st = self.lock();
+        st.version += 1;
+        let v = st.version;
+        for (k, val) in writes {
+            st.map.insert(k, (val.map(IVec::from), v));
+        }
+        st.committed_record = record;
+        self.cv.notify_all();
+    }
+
+    /// One round: applies everything pending. Returns false when there was nothing.
+    fn apply_round(&self, tree: &sled::Db, mark: &mut MarkTimer) -> Result<bool, sled::Error> {
+        let (snapshot, version, record) = {
+            let st = self.lock();
+            if st.applied_version == st.version {
+                return Ok(false);
+            }
+            let snap: Vec<(Vec<u8>, Option<IVec>, u64)> = st
+                .map
+                .iter()
+                .map(|(k, (v, ver))| (k.clone(), v.clone(), *ver))
+                .collect();
+            (snap, st.version, st.committed_record)
+        };
+        for (k, v, _) in &snapshot {
+            match v {
+                Some(v) => tree.insert(k.as_slice(), v.clone())?,
+                None => tree.remove(k.as_slice())?,
+            };
+        }
+        if mark.due() {
+            write_mark(tree, record)?;
+        }
+        let mut st = self.lock();
+        for (k, _, ver) in snapshot {
+            if st.map.get(&k).is_some_and(|(_, cur)| *cur == ver) {
+                st.map.remove(&k);
+            }
+        }
+        st.applied_version = version;
+        self.cv.notify_all();
+        Ok(true)
+    }
+
+    /// Starts the applier thread. On a failed write it sets `poisoned` and stops.
+    pub fn spawn(
+        self: &Arc<Self>,
+        tree: sled::Db,
+        poisoned: Arc<AtomicBool>,
+    ) -> std::io::Result<JoinHandle<()>> {
+        let me = self.clone();
+        std::thread::Builder::new()
+            .name("berth-applier".into())
+            .spawn(move || {
+                let mut mark = MarkTimer::default();
+                loop {
+                    match me.apply_round(&tree, &mut mark) {
+                        Ok(true) => continue,
+                        Ok(false) => {}
+                        Err(e) => {
+                            log::error!(
+                                "applying committed writes failed: {e}; reopen the data dir to repair it"
+                            );
+                            poisoned.store(true, Ordering::SeqCst);
+                            let mut st = me.lock();
+                            st.failed = true;
+                            me.cv.notify_all();
+                            return;
+                        }
+                    }
+                    let st = me.lock();
+                    if st.applied_version == st.version && st.stop {
+                        let record = st.committed_record;
+                        drop(st);
+                        if let Err(e) = write_mark(&tree, record) {
+                            log::error!("writing the applied mark failed: {e}");
+                        }
+                        return;
+                    }
+                    if st.applied_version == st.version {
+                        drop(self::wait(&me.cv, st));
+                        // Let a few more commits arrive: a key written by
+                        // several of them is then written to the tree once.
+                        std::thread::sleep(GATHER);
+                    }
+                }
+            })
+    }
+
+    /// Asks the applier to drain and end.
+    pub fn stop(&self) {
+        self.lock().stop = true;
+        self.cv.notify_all();
+    }
+}
+
+/// Writes `mapplied`: every commit record up to `record` is applied.
+pub(crate) fn write_mark(tree: &sled::Db, record: u64) -> Result<(), sled::Error> {
+    tree.insert(keys::META_APPLIED, codec::encode(&record))
+        .map(|_| ())
+}
+
+/// How often the applied mark is written. It may lag behind what is applied:
+/// open then re-applies a few records more, which is harmless.
+const MARK_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
+
+#[derive(Debug)]
+struct MarkTimer(std::time::Instant);
+
+impl Default for MarkTimer {
+    fn default() -> Self {
+        MarkTimer(std::time::Instant::now())
+    }
+}
+
+impl MarkTimer {
+    fn due(&mut self) -> bool {
+        if self.0.elapsed() >= MARK_EVERY {
+            self.0 = std::time::Instant::now();
+            true
+        } else {
+            false
+        }
+    }
+}
+
+fn wait<'a>(cv: &Condvar, st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+    cv.wait(st).unwrap_or_else(|p| p.into_inner())
+}
