@@ -17,10 +17,12 @@ use berth::store::{Options, Placement, Store, verify};
 use berth::task::{Status, TaskSpec};
 use common::{T0, spec, tempdir, wait_for};
 
+/// Fields drop in declaration order: the store (which writes its last
+/// pending changes when dropped) must go before its directory is deleted.
 struct Setup {
-    _dir: tempfile::TempDir,
-    clock: FakeClock,
     store: Arc<Store>,
+    clock: FakeClock,
+    _dir: tempfile::TempDir,
 }
 
 fn setup(clock: FakeClock) -> Setup {
