@@ -67,11 +67,23 @@ pub fn plan_indices(specs: &[TaskSpec]) -> Vec<Vec<usize>> {
 }
 
 /// `Parallel run for a, b, c`.
+/// Past this length a group's name lists the first names and how many more,
+/// so any group fits the 512-byte limit on task names.
+const NAME_LIST_MAX: usize = 400;
+
 pub fn parent_name<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
-    format!(
-        "Parallel run for {}",
-        names.into_iter().collect::<Vec<_>>().join(", ")
-    )
+    let names: Vec<&str> = names.into_iter().collect();
+    let mut list = String::new();
+    for (i, n) in names.iter().enumerate() {
+        let sep = if i == 0 { "" } else { ", " };
+        if list.len() + sep.len() + n.len() > NAME_LIST_MAX {
+            list.push_str(&format!(", … and {} more", names.len() - i));
+            break;
+        }
+        list.push_str(sep);
+        list.push_str(n);
+    }
+    format!("Parallel run for {list}")
 }
 
 /// `Parallel<Kind>` when the children share a kind, `ParallelRun` otherwise.
@@ -185,6 +197,17 @@ mod tests {
         let p = parent_spec(&mixed);
         assert_eq!(p.kind, "ParallelRun");
         assert_eq!(p.description, None);
+    }
+
+    #[test]
+    fn a_long_group_name_stays_under_the_name_limit() {
+        let names: Vec<String> = (0..100).map(|i| format!("module-number-{i}")).collect();
+        let name = parent_name(names.iter().map(String::as_str));
+        assert!(name.len() <= 512, "{} bytes", name.len());
+        assert!(name.starts_with("Parallel run for module-number-0, module-number-1, "));
+        assert!(name.ends_with(" more"), "{name}");
+        let specs: Vec<TaskSpec> = names.iter().map(|n| s(n, Some(1))).collect();
+        assert!(parent_spec(&specs).validate().is_ok());
     }
 
     #[test]
