@@ -349,8 +349,16 @@ impl Scheduler {
         let mut errors: Vec<(String, String)> = Vec::new();
         let mut dead = false;
         for child in &p.children {
-            if !w.exists(*child) {
-                continue;
+            match w.task(*child) {
+                Err(WriteError::NoSuchTask(_)) => continue,
+                Err(WriteError::Corrupt(c)) => {
+                    // Never trusted as finished: the group waits, and says why.
+                    log::error!("group {parent}: child {child} is unreadable: {c}");
+                    remaining.push(format!("<corrupt task {child}>"));
+                    continue;
+                }
+                Err(e) => return Err(e),
+                Ok(_) => {}
             }
             let live = w.is_live(*child)?;
             let t = w.task(*child)?;
@@ -505,10 +513,12 @@ impl Scheduler {
             repeat: false,
         });
         // A group whose children all finished before a crash finishes now.
-        let any_live = parent
-            .children
-            .iter()
-            .any(|c| w.exists(*c) && w.is_live(*c).unwrap_or(false));
+        let any_live = parent.children.iter().any(|c| match w.task(*c) {
+            Err(WriteError::NoSuchTask(_)) => false,
+            // A corrupt child is not known to be finished.
+            Err(_) => true,
+            Ok(_) => w.is_live(*c).unwrap_or(true),
+        });
         if !any_live {
             self.update_parent(w, parent.id, false)?;
         }
