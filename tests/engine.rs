@@ -688,3 +688,53 @@ fn a_result_over_the_budget_is_cut_with_a_marker() {
     );
     assert_eq!(r["head"].as_str().unwrap().len(), 64 * 1024);
 }
+
+#[test]
+fn a_corrupt_child_keeps_its_group_waiting_and_run_until_idle_gives_up() {
+    let dir = tempdir();
+    let clock = FakeClock::auto_advancing(T0);
+    let (parent, bad);
+    {
+        let store = Store::open(dir.path(), Options::default(), Arc::new(clock.clone())).unwrap();
+        let specs: Vec<_> = ["a", "b"]
+            .iter()
+            .map(|n| TaskSpec {
+                weight: Some(1),
+                ..spec("main", n)
+            })
+            .collect();
+        parent = berth::submit::enqueue_batch(&store, specs).unwrap()[0];
+        bad = store.task(parent).unwrap().unwrap().children[1];
+        // A later commit, so the batch's record is not the last one re-applied at open.
+        berth::submit::enqueue_one(&store, spec("other", "x"), Placement::Last).unwrap();
+    }
+    {
+        let db = sled::open(dir.path().join("db")).unwrap();
+        let key = berth::store::keys::id_key(berth::store::keys::TASK, bad);
+        let mut v = db.get(key).unwrap().unwrap().to_vec();
+        let mid = v.len() / 2;
+        v[mid] ^= 0x10;
+        db.insert(key, v).unwrap();
+        db.flush().unwrap();
+    }
+    let store =
+        Arc::new(Store::open(dir.path(), Options::default(), Arc::new(clock.clone())).unwrap());
+    assert!(
+        store
+            .corrupt_records()
+            .iter()
+            .any(|c| c.key == format!("t/{bad}"))
+    );
+    let mut h = Handlers::new();
+    h.register("ModuleRun", |_: &TaskContext| Outcome::success());
+    let e = Engine::new(store.clone(), h, EngineConfig::default()).unwrap();
+    let sum = e.run_until_idle().unwrap();
+    assert_eq!(sum.stuck, 1, "the parent is left in its queue");
+    let p = store.task(parent).unwrap().unwrap();
+    assert_eq!(
+        p.status,
+        Status::Queued,
+        "never finished on a child it cannot read"
+    );
+    assert_eq!(p.name, format!("Parallel run for <corrupt task {bad}>"));
+}

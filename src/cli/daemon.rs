@@ -103,6 +103,12 @@ pub fn run(a: RunArgs, data_dir: Option<&std::path::Path>) -> Result<(), CliErro
         summary.tally.dead_letters,
         summary.abandoned
     );
+    if summary.stuck > 0 {
+        return Err(CliError::runtime(format!(
+            "{} task(s) cannot start (corrupt records; see the log) and were left in their queues",
+            summary.stuck
+        )));
+    }
     if summary.tally.dead_letters > 0 {
         return Err(CliError::runtime(format!(
             "{} task(s) ended as dead letters",

@@ -88,6 +88,9 @@ pub struct RunSummary {
     pub tally: Tally,
     /// Handlers still running when the grace period ran out.
     pub abandoned: usize,
+    /// Tasks left in queues that cannot start (a corrupt head, say) when a
+    /// run until idle gave up on them.
+    pub stuck: usize,
 }
 
 /// A handle that asks a running engine to stop.
@@ -224,9 +227,10 @@ impl Engine {
         sched: &mut Scheduler,
         done: Vec<scheduler::Completion>,
         dispatch: bool,
-    ) -> Result<(), WriteError> {
+    ) -> Result<usize, WriteError> {
         let env = self.env();
         let mut w = self.store.write();
+        let mut progress = done.len();
         for c in done {
             sched.complete(&mut w, &env, c)?;
         }
@@ -236,10 +240,11 @@ impl Engine {
             Vec::new()
         };
         w.commit()?;
+        progress += jobs.len();
         for j in jobs {
             self.pool.submit(j);
         }
-        Ok(())
+        Ok(progress)
     }
 
     fn collect(&self, first: Msg, done: &mut Vec<scheduler::Completion>) {
@@ -270,6 +275,7 @@ impl Engine {
         let clock = self.store.clock().clone();
         let mut done = Vec::new();
         let mut grace_end: Option<Instant> = None;
+        let mut stuck = 0;
         if !self.recovery_noted.swap(true, Ordering::SeqCst) {
             let mut w = self.store.write();
             sched.note_recovered(&mut w, self.store.recovered())?;
@@ -285,16 +291,29 @@ impl Engine {
                 );
                 grace_end = Some(Instant::now() + self.config.grace);
             }
-            self.step(&mut sched, std::mem::take(&mut done), !stopping)?;
+            let progress = self.step(&mut sched, std::mem::take(&mut done), !stopping)?;
             self.publish(&sched, stopping);
             if stopping && sched.in_flight() == 0 {
                 break;
             }
-            if until_idle && sched.in_flight() == 0 && self.store.queued_total() == 0 {
+            let queued = self.store.queued_total();
+            if until_idle && sched.in_flight() == 0 && queued == 0 {
                 break;
             }
             let now = clock.now_ms();
             let wake = sched.next_wake(now);
+            if until_idle
+                && progress == 0
+                && sched.in_flight() == 0
+                && wake.is_none()
+                && self.rx.is_empty()
+            {
+                // Tasks remain but none can start and nothing will change
+                // by waiting: running until idle would never end.
+                log::error!("{queued} task(s) cannot start (see the errors above); giving up");
+                stuck = queued;
+                break;
+            }
             if sched.in_flight() == 0
                 && !stopping
                 && let Some(at) = wake
@@ -326,6 +345,7 @@ impl Engine {
         Ok(RunSummary {
             tally: sched.tally,
             abandoned: sched.in_flight(),
+            stuck,
         })
     }
 }
