@@ -14,7 +14,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -178,24 +178,7 @@ fn run_child(dir: &Path, delay: Duration) -> ChildRun {
     let child = &mut guard.0;
     let stdout = child.stdout.take().expect("piped stdout");
     let (tx, rx) = mpsc::channel::<String>();
-    let reader = std::thread::spawn(move || {
-        let mut reader = BufReader::new(stdout);
-        let mut line = String::new();
-        loop {
-            line.clear();
-            match reader.read_line(&mut line) {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
-            }
-            // A line cut short by the kill has no newline: not counted.
-            let Some(text) = line.strip_suffix('\n') else {
-                return;
-            };
-            if tx.send(text.to_string()).is_err() {
-                return;
-            }
-        }
-    });
+    let reader = std::thread::spawn(move || common::forward_lines(stdout, tx));
     let mut stderr_pipe = child.stderr.take().expect("piped stderr");
     let stderr_reader = std::thread::spawn(move || {
         let mut s = String::new();

@@ -6,7 +6,9 @@
 //! The child is this test binary itself, re-executed to run only
 //! `crash_child` with `BERTH_CRASH_CHILD_DIR` set.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod common;
+
+use std::io::{Read, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -104,23 +106,15 @@ fn spawn_child(dir: &Path, threads: usize) -> Child {
 
 /// Reads the child's stdout to EOF, sending every complete line that is a
 /// pure integer (libtest prints its own lines too).
-fn read_ids(out: impl Read, tx: mpsc::Sender<u64>) {
-    let mut reader = BufReader::new(out);
-    let mut line = String::new();
-    loop {
-        line.clear();
-        match reader.read_line(&mut line) {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {}
-        }
-        // A line cut short by the kill has no newline; it is not counted.
-        let Some(text) = line.strip_suffix('\n') else {
-            return;
-        };
+fn read_ids(out: impl Read + Send + 'static, tx: mpsc::Sender<u64>) {
+    let (lines_tx, lines) = mpsc::channel();
+    let forward = std::thread::spawn(move || common::forward_lines(out, lines_tx));
+    for text in lines {
         if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
             let _ = tx.send(text.parse().expect("digits"));
         }
     }
+    let _ = forward.join();
 }
 
 struct Cycle {

@@ -272,9 +272,14 @@ impl Store {
         let commit = Arc::new(GroupCommit::default());
         let flusher = match opts.durability {
             Durability::Sync => None,
-            Durability::Batched { interval } => {
-                Some(spawn_flusher(tree.clone(), commit.clone(), interval))
-            }
+            Durability::Batched { interval } => Some(
+                spawn_flusher(tree.clone(), commit.clone(), interval).map_err(|source| {
+                    OpenError::Io {
+                        dir: dir.to_path_buf(),
+                        source,
+                    }
+                })?,
+            ),
         };
         let mut store = Store {
             tree,
@@ -563,7 +568,7 @@ fn spawn_flusher(
     tree: sled::Db,
     commit: Arc<GroupCommit>,
     interval: Duration,
-) -> (mpsc::Sender<()>, JoinHandle<()>) {
+) -> std::io::Result<(mpsc::Sender<()>, JoinHandle<()>)> {
     let (tx, rx) = mpsc::channel::<()>();
     let handle = std::thread::Builder::new()
         .name("berth-flusher".into())
@@ -581,9 +586,8 @@ fn spawn_flusher(
                     }
                 }
             }
-        })
-        .expect("spawning the flusher thread");
-    (tx, handle)
+        })?;
+    Ok((tx, handle))
 }
 
 impl Drop for Store {

@@ -179,3 +179,24 @@ pub fn seed_startup_specs() -> Vec<TaskSpec> {
     });
     specs
 }
+
+/// Sends every complete line a child process prints, until EOF. A line cut
+/// short by a kill has no newline and is not sent.
+pub fn forward_lines(out: impl std::io::Read, tx: std::sync::mpsc::Sender<String>) {
+    use std::io::BufRead;
+    let mut reader = std::io::BufReader::new(out);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match reader.read_line(&mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let Some(text) = line.strip_suffix('\n') else {
+            return;
+        };
+        if tx.send(text.to_string()).is_err() {
+            return;
+        }
+    }
+}
