@@ -59,11 +59,12 @@ fn sled_raw_insert_flush() -> f64 {
     n as f64 / start.elapsed().as_secs_f64()
 }
 
-fn open_store(dir: &std::path::Path) -> Store {
+fn open_store(dir: &std::path::Path, power_safe: bool) -> Store {
     Store::open(
         dir,
         Options {
             durability: Durability::Sync,
+            power_safe,
             ..Options::default()
         },
         berth::clock::system(),
@@ -89,9 +90,10 @@ fn enqueue_one(store: &Store, i: u64) {
 
 /// `producers` threads, each enqueuing one task per commit and waiting for
 /// its ack before the next. Returns (tasks/s, commits per flush).
-fn enqueue_sync(producers: usize) -> (f64, f64) {
+/// `power_safe` false measures the path without fsync (kill -9 safe only).
+fn enqueue_sync(producers: usize, power_safe: bool) -> (f64, f64) {
     let dir = data_dir();
-    let store = open_store(dir.path());
+    let store = open_store(dir.path(), power_safe);
     let stop = AtomicBool::new(false);
     let counting = AtomicBool::new(false);
     let done = AtomicU64::new(0);
@@ -220,7 +222,7 @@ fn main() {
         if !want(&name) {
             continue;
         }
-        let (rate, per_flush) = enqueue_sync(n);
+        let (rate, per_flush) = enqueue_sync(n, true);
         figure(&name, rate, "tasks/s");
         figure(
             &format!("enqueue_sync_{n}_commits_per_flush"),
@@ -228,6 +230,22 @@ fn main() {
             "commits",
         );
         by_n.push((n, rate));
+    }
+    // The same without fsync (sled's sync_file_range only: safe against a
+    // process crash, not a power cut), to show what power safety costs.
+    for n in [1usize, 8] {
+        let name = format!(
+            "enqueue_sync_{n}_producer{}_no_fsync",
+            if n == 1 { "" } else { "s" }
+        );
+        if !want(&name) {
+            continue;
+        }
+        let (rate, _) = enqueue_sync(n, false);
+        figure(&name, rate, "tasks/s");
+        if let Some((_, safe)) = by_n.iter().find(|(m, _)| *m == n) {
+            figure(&format!("power_safe_cost_{n}"), rate / safe, "x");
+        }
     }
     if want("compress_1mib_json") {
         figure("compress_1mib_json", compress_1mib_json(), "MiB/s");

@@ -18,6 +18,8 @@ use crate::codec;
 use crate::store::durability::{Durability, GroupCommit};
 use crate::store::error::{CorruptRecord, OpenError, ReadError, WriteError};
 use crate::store::event::{CommitRecord, Event, INTERRUPTED};
+use crate::store::files::{self, DbFiles};
+use crate::store::panics;
 use crate::store::keys::{self, EVENT, HISTORY, QUEUE, TASK};
 use crate::store::lock::{DirLock, LockError, Role};
 use crate::store::order::Order;
@@ -38,6 +40,11 @@ pub struct Options {
     pub create: bool,
     /// sled's page cache size.
     pub cache_bytes: u64,
+    /// fsync sled's files after every flush (see `files`), so that what
+    /// `sync` acknowledges survives a power cut. `false` keeps only sled's
+    /// own `sync_file_range`, which survives a process crash or `kill -9`
+    /// but not a power cut; it exists to measure what power safety costs.
+    pub power_safe: bool,
 }
 
 impl Default for Options {
@@ -49,6 +56,7 @@ impl Default for Options {
             wait_for_lock: Duration::from_secs(5),
             create: true,
             cache_bytes: 64 << 20,
+            power_safe: true,
         }
     }
 }
@@ -69,6 +77,8 @@ pub struct Store {
     pub(crate) durability: Durability,
     /// Committed key writes not yet applied to the tree; every read looks here first.
     pub(crate) overlay: Arc<Overlay>,
+    /// sled's files, synced after every flush.
+    files: Arc<DbFiles>,
     applier: Option<JoinHandle<()>>,
     corrupt: Vec<CorruptRecord>,
     recovered: Vec<u64>,
@@ -108,33 +118,77 @@ fn lock_dir(dir: &Path, opts: &Options) -> Result<DirLock, OpenError> {
     }
 }
 
+/// Opens sled in `DIR/db` after checking what it would read: leftovers of an
+/// interrupted snapshot are removed, a database that the marker says existed
+/// but is now missing or empty is refused, and a damaged one (sled returns
+/// corruption, or panics) is an error that says what to do, never a panic.
+fn open_sled(dir: &Path, opts: &Options) -> Result<sled::Db, OpenError> {
+    match files::check_before_open(dir) {
+        Ok(removed) => {
+            for path in removed {
+                log::warn!(
+                    "removed {}, left by a sled snapshot that was interrupted",
+                    path.display()
+                );
+            }
+        }
+        Err(files::Damage::Lost(what)) => {
+            return Err(OpenError::Lost {
+                dir: dir.to_path_buf(),
+                what,
+            });
+        }
+    }
+    let config = sled::Config::new()
+        .path(dir.join(files::DB))
+        .cache_capacity(opts.cache_bytes)
+        .flush_every_ms(None)
+        .mode(sled::Mode::HighThroughput);
+    let opened = panics::catch(|| config.open());
+    let damaged = |detail: String| OpenError::Damaged {
+        dir: dir.to_path_buf(),
+        detail,
+    };
+    match opened {
+        Ok(Ok(tree)) => Ok(tree),
+        Ok(Err(sled::Error::Io(source))) if source.raw_os_error() == Some(libc::ENOSPC) => {
+            Err(OpenError::NoSpace {
+                dir: dir.to_path_buf(),
+                source,
+            })
+        }
+        Ok(Err(e @ (sled::Error::Corruption { .. } | sled::Error::ReportableBug(_)))) => {
+            Err(damaged(e.to_string()))
+        }
+        Ok(Err(source)) => Err(OpenError::Database {
+            dir: dir.to_path_buf(),
+            source,
+        }),
+        Err(panic) => Err(damaged(format!("sled panicked while reading it: {panic}"))),
+    }
+}
+
 impl Store {
     /// Opens (and if asked, creates) the data dir, recovering interrupted tasks.
     pub fn open(dir: &Path, opts: Options, clock: SharedClock) -> Result<Store, OpenError> {
         opts.budget.validate().map_err(OpenError::Options)?;
-        if !dir.exists() {
-            if !opts.create {
-                return Err(OpenError::Missing {
-                    dir: dir.to_path_buf(),
-                });
-            }
-            std::fs::create_dir_all(dir).map_err(|source| OpenError::Io {
+        let io_err = |source| OpenError::Io {
+            dir: dir.to_path_buf(),
+            source,
+        };
+        if !dir.exists() && !opts.create {
+            return Err(OpenError::Missing {
                 dir: dir.to_path_buf(),
-                source,
-            })?;
+            });
         }
+        files::private_dir(dir).map_err(io_err)?;
         let lock = lock_dir(dir, &opts)?;
+        let tree = open_sled(dir, &opts)?;
+        let db_files = Arc::new(DbFiles::open(dir, opts.power_safe).map_err(io_err)?);
         let db_err = |source| OpenError::Database {
             dir: dir.to_path_buf(),
             source,
         };
-        let tree = sled::Config::new()
-            .path(dir.join("db"))
-            .cache_capacity(opts.cache_bytes)
-            .flush_every_ms(None)
-            .mode(sled::Mode::HighThroughput)
-            .open()
-            .map_err(db_err)?;
 
         // Format check.
         let format = match tree.get(keys::META_FORMAT).map_err(db_err)? {
@@ -146,9 +200,17 @@ impl Store {
                         expected: keys::STORE_FORMAT,
                     });
                 }
+                if files::has_marker(dir) {
+                    return Err(OpenError::Lost {
+                        dir: dir.to_path_buf(),
+                        what: "its database holds no data".into(),
+                    });
+                }
                 overlay::write_mark(&tree, 0).map_err(db_err)?;
                 tree.insert(keys::META_FORMAT, codec::encode(&keys::STORE_FORMAT))
                     .map_err(db_err)?;
+                tree.flush().map_err(db_err)?;
+                db_files.sync().map_err(io_err)?;
                 keys::STORE_FORMAT
             }
             Some(v) => match codec::decode::<u64>(&v) {
@@ -169,6 +231,10 @@ impl Store {
                 }
             },
         };
+
+        if !files::has_marker(dir) {
+            files::write_marker(dir).map_err(io_err)?;
+        }
 
         let mut corrupt = Vec::new();
         let mut next_id = 1u64;
@@ -273,7 +339,7 @@ impl Store {
         let flusher = match opts.durability {
             Durability::Sync => None,
             Durability::Batched { interval } => Some(
-                spawn_flusher(tree.clone(), commit.clone(), interval).map_err(|source| {
+                spawn_flusher(tree.clone(), db_files.clone(), commit.clone(), interval).map_err(|source| {
                     OpenError::Io {
                         dir: dir.to_path_buf(),
                         source,
@@ -294,6 +360,7 @@ impl Store {
             budget: opts.budget,
             durability: opts.durability,
             overlay,
+            files: db_files,
             applier: Some(applier),
             corrupt,
             recovered: Vec::new(),
@@ -358,7 +425,7 @@ impl Store {
     }
 
     pub(crate) fn flush_now(&self) -> std::io::Result<()> {
-        self.tree.flush().map(|_| ()).map_err(std::io::Error::other)
+        flush_durable(&self.tree, &self.files)
     }
 
     /// Flushes everything written so far to disk.
@@ -564,8 +631,15 @@ impl Store {
     }
 }
 
+/// Flushes sled, then makes what it wrote durable (see `files`).
+fn flush_durable(tree: &sled::Db, files: &DbFiles) -> std::io::Result<()> {
+    tree.flush().map_err(std::io::Error::other)?;
+    files.sync()
+}
+
 fn spawn_flusher(
     tree: sled::Db,
+    files: Arc<DbFiles>,
     commit: Arc<GroupCommit>,
     interval: Duration,
 ) -> std::io::Result<(mpsc::Sender<()>, JoinHandle<()>)> {
@@ -579,8 +653,7 @@ fn spawn_flusher(
                     _ => return,
                 }
                 if commit.pending() {
-                    let r = commit
-                        .flush_all(|| tree.flush().map(|_| ()).map_err(std::io::Error::other));
+                    let r = commit.flush_all(|| flush_durable(&tree, &files));
                     if let Err(e) = r {
                         log::error!("batched flush failed: {e}");
                     }

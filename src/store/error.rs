@@ -51,6 +51,28 @@ pub enum OpenError {
     },
     #[error("invalid store options: {0}")]
     Options(String),
+    #[error(
+        "data dir {} held a berth store, but {what}: its data was lost (a power cut before it \
+         reached the disk, or files deleted). berth will not start a new, empty store over it: \
+         restore the data dir from a backup or an export, or move it away to start afresh",
+        dir.display()
+    )]
+    Lost { dir: PathBuf, what: String },
+    #[error(
+        "the database in {}/db is damaged and cannot be read ({detail}). berth will not guess \
+         at its contents: restore the data dir from a backup or an export, or move it away to \
+         start afresh",
+        dir.display()
+    )]
+    Damaged { dir: PathBuf, detail: String },
+    #[error(
+        "cannot open the database in {}: the disk is full ({source}); free some space and try again",
+        dir.display()
+    )]
+    NoSpace {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]

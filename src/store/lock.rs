@@ -5,7 +5,7 @@
 //! `command PID`), so a short command that finds another short command in
 //! the way can wait for it, and one that finds a daemon can talk to it.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
@@ -49,13 +49,7 @@ impl DirLock {
     /// Takes the lock on `dir` (which must exist), or says who holds it.
     pub fn try_acquire(dir: &Path, role: Role) -> Result<DirLock, LockError> {
         let path = dir.join("berth.lock");
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(LockError::Io)?;
+        let mut file = super::files::open_private(&path).map_err(LockError::Io)?;
         match file.try_lock() {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => {

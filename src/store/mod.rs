@@ -6,10 +6,12 @@ mod db;
 pub mod durability;
 mod error;
 pub mod event;
+mod files;
 pub mod keys;
 pub mod lock;
 pub mod order;
 mod overlay;
+mod panics;
 pub mod verify;
 mod write;
 

@@ -2,6 +2,8 @@
 //! and running the real `berth` binary.
 #![allow(dead_code)]
 
+pub mod lazyfs;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Arc;

@@ -1,0 +1,327 @@
+//! The files of a data dir: made durable, kept private, and checked before
+//! sled reads them.
+//!
+//! **Durable.** sled 0.34 flushes its log (`db/db`) with `sync_file_range`.
+//! That survives a process crash, but not a power cut: it does not flush the
+//! drive's cache or the file's size, and sled never syncs its blob files
+//! (`db/blobs/*`, values over about 128 KiB), its `conf`, or the directories
+//! that hold them. [`DbFiles::sync`] runs after every sled flush and before
+//! any commit it covers is acknowledged: it `fsync`s every blob file it has
+//! not synced yet and the blobs directory, `fdatasync`s the log, and
+//! `fsync`s `db/` when a file appeared in it (a snapshot renamed into place).
+//! [`DbFiles::open`] syncs everything once, and the data dir itself.
+//!
+//! **Private.** The data dir and `db/` are mode 0700 and every file berth or
+//! sled creates is 0600, whatever the umask: directories are created and
+//! chmod-ed here, sled's files are chmod-ed when they are first synced.
+//!
+//! **Checked.** A data dir that ever held a store has a marker file,
+//! `berth.dir`, written (and synced) once its database exists. If the marker
+//! is there but the database is missing or empty, the data was lost (a
+//! power cut before an older berth synced, or files deleted) and opening
+//! refuses instead of starting a new, empty store. Leftovers of an
+//! interrupted sled snapshot (`db/snap.*.generating`), which sled would
+//! otherwise read as a corrupt snapshot for ever, are removed before sled
+//! opens.
+
+use std::collections::BTreeSet;
+use std::ffi::OsString;
+use std::fs::{self, DirBuilder, File, OpenOptions, Permissions};
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// The marker file: this data dir has held a berth store.
+pub const MARKER: &str = "berth.dir";
+/// sled's directory inside the data dir.
+pub const DB: &str = "db";
+
+const DIR_MODE: u32 = 0o700;
+const FILE_MODE: u32 = 0o600;
+
+/// Creates `dir` (and its parents) if missing, and makes it mode 0700.
+pub(crate) fn private_dir(dir: &Path) -> io::Result<()> {
+    if !dir.exists() {
+        DirBuilder::new()
+            .recursive(true)
+            .mode(DIR_MODE)
+            .create(dir)?;
+    }
+    set_mode(dir, DIR_MODE)
+}
+
+/// Sets a file's or directory's mode unless it already has it.
+fn set_mode(path: &Path, mode: u32) -> io::Result<()> {
+    let meta = fs::metadata(path)?;
+    if meta.mode() & 0o7777 != mode {
+        fs::set_permissions(path, Permissions::from_mode(mode))?;
+    }
+    Ok(())
+}
+
+/// Opens (creating it with mode 0600) a file in a data dir, read-write.
+pub(crate) fn open_private(path: &Path) -> io::Result<File> {
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(FILE_MODE)
+        .open(path)?;
+    if f.metadata()?.mode() & 0o7777 != FILE_MODE {
+        f.set_permissions(Permissions::from_mode(FILE_MODE))?;
+    }
+    Ok(f)
+}
+
+fn fsync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// What is wrong with a data dir's files before sled may read them.
+#[derive(Debug)]
+pub(crate) enum Damage {
+    /// The marker says a store lived here, but its database is gone or empty.
+    Lost(String),
+}
+
+/// Checks a data dir before sled opens it, and removes what an interrupted
+/// snapshot left behind. Returns the leftovers it removed.
+pub(crate) fn check_before_open(dir: &Path) -> Result<Vec<PathBuf>, Damage> {
+    let db = dir.join(DB);
+    let mut removed = Vec::new();
+    if let Ok(entries) = fs::read_dir(&db) {
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with("snap.") && name.ends_with(".generating") {
+                let path = e.path();
+                if fs::remove_file(&path).is_ok() {
+                    removed.push(path);
+                }
+            }
+        }
+    }
+    if !dir.join(MARKER).exists() {
+        return Ok(removed);
+    }
+    let size = |name: &str| fs::metadata(db.join(name)).ok().map(|m| m.len());
+    let lost = match (db.exists(), size("conf"), size("db")) {
+        (false, _, _) => Some(format!("its database folder {} is missing", db.display())),
+        (true, None, _) => Some(format!("{} is missing", db.join("conf").display())),
+        // sled treats a conf of 8 bytes or less as absent.
+        (true, Some(n), _) if n <= 8 => Some(format!(
+            "{} is empty ({n} bytes)",
+            db.join("conf").display()
+        )),
+        (true, _, None) => Some(format!("{} is missing", db.join("db").display())),
+        (true, _, Some(0)) => Some(format!("{} is empty (0 bytes)", db.join("db").display())),
+        _ => None,
+    };
+    match lost {
+        Some(what) => Err(Damage::Lost(what)),
+        None => Ok(removed),
+    }
+}
+
+/// Writes the marker (and makes it and its directory entry durable).
+pub(crate) fn write_marker(dir: &Path) -> io::Result<()> {
+    let path = dir.join(MARKER);
+    let mut f = open_private(&path)?;
+    f.set_len(0)?;
+    f.write_all(b"berth data dir: the database in db/ belongs to berth; do not delete it alone\n")?;
+    f.sync_all()?;
+    fsync_dir(dir)
+}
+
+pub(crate) fn has_marker(dir: &Path) -> bool {
+    dir.join(MARKER).exists()
+}
+
+/// sled's files, for making them durable after each flush.
+#[derive(Debug)]
+pub(crate) struct DbFiles {
+    db: PathBuf,
+    log: File,
+    /// Sync at all (off only to measure what it costs).
+    enabled: bool,
+    /// Names already synced in `db/` and in `db/blobs/`.
+    synced: Mutex<(BTreeSet<OsString>, BTreeSet<OsString>)>,
+}
+
+impl DbFiles {
+    /// Takes sled's files in `DIR/db` (after sled opened them) and makes all
+    /// of them, the directories and the data dir durable and private.
+    pub fn open(dir: &Path, enabled: bool) -> io::Result<DbFiles> {
+        let db = dir.join(DB);
+        set_mode(&db, DIR_MODE)?;
+        let blobs = db.join("blobs");
+        if blobs.exists() {
+            set_mode(&blobs, DIR_MODE)?;
+        }
+        let log = File::open(db.join("db"))?;
+        let files = DbFiles {
+            db,
+            log,
+            enabled: true,
+            synced: Mutex::new((BTreeSet::new(), BTreeSet::new())),
+        };
+        files.sync()?;
+        fsync_dir(dir)?;
+        Ok(DbFiles { enabled, ..files })
+    }
+
+    /// Makes everything sled has written so far durable. Call it after
+    /// `sled::Db::flush` returned, before acknowledging what it covered.
+    pub fn sync(&self) -> io::Result<()> {
+        if !self.enabled {
+            return Ok(());
+        }
+        let mut synced = self.synced.lock().unwrap_or_else(|p| p.into_inner());
+        let (in_db, in_blobs) = &mut *synced;
+        let blobs = self.db.join("blobs");
+        if blobs.exists() {
+            sync_new_files(&blobs, in_blobs, blob_complete)?;
+        }
+        self.log.sync_data()?;
+        sync_new_files(&self.db, in_db, |_| Ok(true))
+    }
+}
+
+/// Whether a sled blob file is completely written: sled writes a blob as a
+/// CRC-32 (little-endian) of the rest, a kind byte, and the value, and its
+/// log message only after the whole file. A blob whose log message a flush
+/// covered is complete when the flush returns; one being written meanwhile
+/// (for a later message) fails this check and is synced at a later round.
+fn blob_complete(f: &mut File) -> io::Result<bool> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    f.read_to_end(&mut bytes)?;
+    if bytes.len() < 5 {
+        return Ok(false);
+    }
+    let (crc, rest) = bytes.split_at(4);
+    Ok(u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]) == crc32fast::hash(rest))
+}
+
+/// Syncs (and makes private) every regular file in `dir` that is not in
+/// `synced` and that `complete` accepts, then the directory itself if there
+/// was one. `synced` becomes the names synced and still present.
+fn sync_new_files(
+    dir: &Path,
+    synced: &mut BTreeSet<OsString>,
+    complete: impl Fn(&mut File) -> io::Result<bool>,
+) -> io::Result<()> {
+    let mut now = BTreeSet::new();
+    let mut new = false;
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        if !synced.contains(&name) {
+            let path = entry.path();
+            let meta = match fs::symlink_metadata(&path) {
+                Ok(m) => m,
+                // Removed meanwhile (sled collects old blobs and snapshots).
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            };
+            if meta.is_file() {
+                let mut f = match File::open(&path) {
+                    Ok(f) => f,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(e),
+                };
+                if !complete(&mut f)? {
+                    continue;
+                }
+                f.sync_all()?;
+                if meta.mode() & 0o7777 != FILE_MODE {
+                    f.set_permissions(Permissions::from_mode(FILE_MODE))?;
+                }
+            }
+            new = true;
+        }
+        now.insert(name);
+    }
+    if new {
+        fsync_dir(dir)?;
+    }
+    *synced = now;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leftover_snapshots_are_removed_and_a_lost_database_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join(DB);
+        fs::create_dir(&db).unwrap();
+        fs::write(db.join("snap.0000000000000ABC.generating"), b"").unwrap();
+        fs::write(db.join("snap.0000000000000ABB"), b"kept").unwrap();
+        fs::write(db.join("conf"), b"0123456789abcdef").unwrap();
+        fs::write(db.join("db"), b"x").unwrap();
+        // No marker: a dir of an older berth, or a new one.
+        let removed = check_before_open(dir.path()).unwrap();
+        assert_eq!(removed, vec![db.join("snap.0000000000000ABC.generating")]);
+        assert!(db.join("snap.0000000000000ABB").exists());
+
+        write_marker(dir.path()).unwrap();
+        assert!(check_before_open(dir.path()).is_ok());
+        fs::write(db.join("db"), b"").unwrap();
+        let Err(Damage::Lost(what)) = check_before_open(dir.path()) else {
+            panic!("an empty db/db was accepted");
+        };
+        assert!(what.ends_with("db/db is empty (0 bytes)"), "{what}");
+        fs::remove_dir_all(&db).unwrap();
+        let Err(Damage::Lost(what)) = check_before_open(dir.path()) else {
+            panic!("a missing db/ was accepted");
+        };
+        assert!(what.contains("is missing"), "{what}");
+    }
+
+    #[test]
+    fn private_dirs_and_files_whatever_the_umask() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("a/b");
+        private_dir(&d).unwrap();
+        assert_eq!(fs::metadata(&d).unwrap().mode() & 0o7777, 0o700);
+        fs::set_permissions(&d, Permissions::from_mode(0o755)).unwrap();
+        private_dir(&d).unwrap();
+        assert_eq!(fs::metadata(&d).unwrap().mode() & 0o7777, 0o700);
+        let f = d.join("f");
+        fs::write(&f, b"x").unwrap();
+        fs::set_permissions(&f, Permissions::from_mode(0o644)).unwrap();
+        open_private(&f).unwrap();
+        assert_eq!(fs::metadata(&f).unwrap().mode() & 0o7777, 0o600);
+    }
+
+    #[test]
+    fn sync_makes_new_files_private_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join(DB);
+        fs::create_dir_all(db.join("blobs")).unwrap();
+        fs::write(db.join("db"), b"log").unwrap();
+        let files = DbFiles::open(dir.path(), true).unwrap();
+        // A blob still being written (its CRC does not match yet) waits.
+        let blob = db.join("blobs").join("123");
+        let body = b"\x01value";
+        let mut bytes = crc32fast::hash(body).to_le_bytes().to_vec();
+        fs::write(&blob, &bytes).unwrap();
+        fs::set_permissions(&blob, Permissions::from_mode(0o644)).unwrap();
+        files.sync().unwrap();
+        assert!(files.synced.lock().unwrap().1.is_empty());
+        assert_eq!(fs::metadata(&blob).unwrap().mode() & 0o7777, 0o644);
+        bytes.extend_from_slice(body);
+        fs::write(&blob, &bytes).unwrap();
+        files.sync().unwrap();
+        assert_eq!(fs::metadata(&blob).unwrap().mode() & 0o7777, 0o600);
+        assert!(files.synced.lock().unwrap().1.contains(&OsString::from("123")));
+        fs::remove_file(&blob).unwrap();
+        files.sync().unwrap();
+        assert!(files.synced.lock().unwrap().1.is_empty());
+    }
+}

@@ -1,0 +1,285 @@
+//! The power-cut test: berth's database lives on LazyFS, which keeps every
+//! write in its own cache until it is fsync-ed. Writers acknowledge tasks,
+//! they are frozen (SIGSTOP, so nothing is written after the cut), the power
+//! is cut (every unsynced byte is dropped), they are killed, and the data dir
+//! is opened from what reached the backing folder. Every acknowledged task
+//! must be there, and the log must agree with the state.
+//!
+//! Skips, with a printed reason, where LazyFS is not built, or FUSE or root
+//! is missing (`.ci/run` builds LazyFS, and CI runs as root).
+
+mod common;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
+
+use berth::store::{Options, Placement, Store};
+use berth::task::TaskSpec;
+use common::lazyfs::LazyFs;
+
+const DIR_VAR: &str = "BERTH_POWER_CHILD_DIR";
+/// Acknowledgements to collect before the cut.
+const ACKS: usize = 150;
+
+fn signal(child: &Child, sig: i32) {
+    // SAFETY: kill(2) on our own child.
+    unsafe {
+        libc::kill(child.id() as i32, sig);
+    }
+}
+
+/// A payload of `len` characters that gzip cannot shrink much, so that the
+/// stored record goes to one of sled's blob files (over ~128 KiB).
+fn noise(len: usize, seed: u64) -> String {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    (0..len).map(|_| rng.alphanumeric()).collect()
+}
+
+/// Enqueues forever (every 10th task with a 200 KiB payload), printing each
+/// id after its commit returned.
+fn produce(store: &Store, thread: u64) -> ! {
+    for i in 0u64.. {
+        let payload = if i % 10 == 3 {
+            serde_json::json!({ "blob": noise(200_000, i) })
+        } else {
+            serde_json::json!({ "thread": thread, "i": i })
+        };
+        let spec = TaskSpec {
+            queue: "main".into(),
+            kind: "PowerCut".into(),
+            name: format!("t{thread}-{i}"),
+            payload,
+            ..Default::default()
+        };
+        let task = spec
+            .into_task(store.clock().now_ms(), store.budget())
+            .expect("into_task");
+        let mut w = store.write();
+        let id = w.enqueue(task, Some(Placement::Last)).expect("enqueue");
+        w.commit().expect("commit");
+        let mut out = std::io::stdout().lock();
+        out.write_all(format!("{id}\n").as_bytes())
+            .and_then(|()| out.flush())
+            .expect("stdout");
+    }
+    unreachable!()
+}
+
+/// The child of `a_store_held_open_survives_a_power_cut`; does nothing otherwise.
+#[test]
+fn power_child() {
+    let Some(dir) = std::env::var_os(DIR_VAR) else {
+        return;
+    };
+    let store = Store::open(Path::new(&dir), Options::default(), berth::clock::system())
+        .expect("open on LazyFS");
+    println!();
+    std::thread::scope(|s| {
+        let store = &store;
+        s.spawn(move || produce(store, 1));
+        produce(store, 0)
+    });
+}
+
+/// Collects pure-number lines from a child's stdout.
+fn collect_ids(child: &mut Child) -> mpsc::Receiver<u64> {
+    let (tx, rx) = mpsc::channel();
+    let (lines_tx, lines) = mpsc::channel();
+    let out = child.stdout.take().expect("piped stdout");
+    std::thread::spawn(move || common::forward_lines(out, lines_tx));
+    std::thread::spawn(move || {
+        for l in lines {
+            if !l.is_empty() && l.bytes().all(|b| b.is_ascii_digit()) {
+                let _ = tx.send(l.parse().expect("digits"));
+            }
+        }
+    });
+    rx
+}
+
+/// Every file under `dir` with its size, for failure messages.
+fn listing(dir: &Path) -> String {
+    let mut out = String::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            match std::fs::metadata(&p) {
+                Ok(m) if m.is_dir() => stack.push(p),
+                Ok(m) => out.push_str(&format!("  {} {}\n", p.display(), m.len())),
+                Err(err) => out.push_str(&format!("  {} ({err})\n", p.display())),
+            }
+        }
+    }
+    out
+}
+
+/// Checks that every acknowledged id is in the store (live or finished) and
+/// that the log agrees with the state.
+fn check_survivors(dir: &Path, acked: &[u64]) {
+    let store = Store::open(dir, Options::default(), berth::clock::system())
+        .unwrap_or_else(|e| panic!("opening what survived the cut: {e}"));
+    assert!(
+        store.corrupt_records().is_empty(),
+        "corrupt records after the cut: {:?}",
+        store.corrupt_records()
+    );
+    let lost: Vec<u64> = acked
+        .iter()
+        .copied()
+        .filter(|id| !matches!(store.task(*id), Ok(Some(_))))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{} of {} acknowledged tasks were lost by the power cut: {:?}\nfiles:\n{}",
+        lost.len(),
+        acked.len(),
+        &lost[..lost.len().min(20)],
+        listing(dir)
+    );
+    let diffs = berth::store::verify::verify(&store).expect("replaying the log");
+    assert!(diffs.is_empty(), "log and state disagree: {diffs:#?}");
+    eprintln!(
+        "power cut: {} acknowledged tasks, all present; {} events in the log",
+        acked.len(),
+        store.next_seq() - 1
+    );
+}
+
+#[test]
+fn a_store_held_open_survives_a_power_cut() {
+    let mut fs = match LazyFs::mount() {
+        Ok(fs) => fs,
+        Err(why) => {
+            eprintln!("skipped: {why}");
+            return;
+        }
+    };
+    let mut child = Command::new(std::env::current_exe().expect("current_exe"))
+        .args(["--exact", "power_child", "--nocapture", "--test-threads=1"])
+        .env(DIR_VAR, fs.mnt.join("data"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawning the child");
+    let ids = collect_ids(&mut child);
+    let mut acked = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while acked.len() < ACKS {
+        match ids.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(id) => acked.push(id),
+            Err(e) => {
+                let _ = child.kill();
+                panic!("the child acknowledged only {} tasks: {e}", acked.len());
+            }
+        }
+    }
+    signal(&child, libc::SIGSTOP);
+    // Ids printed before the freeze are acknowledged too.
+    std::thread::sleep(Duration::from_millis(50));
+    acked.extend(ids.try_iter());
+    fs.power_cut();
+    signal(&child, libc::SIGKILL);
+    let _ = child.wait();
+    fs.unmount();
+    check_survivors(&fs.root.join("data"), &acked);
+}
+
+fn write_config(dir: &Path, data: &Path) -> PathBuf {
+    let path = dir.join("berth.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "data_dir = \"{}\"\ngrace = \"1s\"\n[handlers.PowerCut]\ncommand = [\"true\"]\n",
+            data.display()
+        ),
+    )
+    .expect("config");
+    path
+}
+
+#[test]
+fn a_daemon_survives_a_power_cut() {
+    let mut fs = match LazyFs::mount() {
+        Ok(fs) => fs,
+        Err(why) => {
+            eprintln!("skipped: {why}");
+            return;
+        }
+    };
+    // The socket cannot live on LazyFS: only the database does.
+    let tmp = common::tempdir();
+    let data = tmp.path().join("data");
+    std::fs::create_dir(&data).expect("data dir");
+    std::fs::create_dir(fs.mnt.join("db")).expect("db on LazyFS");
+    std::os::unix::fs::symlink(fs.mnt.join("db"), data.join("db")).expect("symlink");
+    let config = write_config(tmp.path(), &data);
+    let mut daemon = Command::new(common::berth_bin())
+        .arg("run")
+        .arg("--config")
+        .arg(&config)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawning the daemon");
+    common::wait_for("the daemon's socket", || data.join("berth.sock").exists());
+
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..3)
+        .map(|c| {
+            let (acked, stop, data) = (acked.clone(), stop.clone(), data.clone());
+            std::thread::spawn(move || {
+                for i in 0u64.. {
+                    if stop.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    let payload = if i % 10 == 3 {
+                        format!("{{\"blob\":\"{}\"}}", noise(200_000, c * 1000 + i))
+                    } else {
+                        format!("{{\"i\":{i}}}")
+                    };
+                    let file = data.with_file_name(format!("payload-{c}.json"));
+                    std::fs::write(&file, payload).expect("payload file");
+                    let out = Command::new(common::berth_bin())
+                        .arg("--data-dir")
+                        .arg(&data)
+                        .args(["enqueue", "--queue", "main", "--kind", "PowerCut"])
+                        .args(["--name", &format!("c{c}-{i}"), "--payload-file"])
+                        .arg(&file)
+                        .env("RUST_LOG", "warn")
+                        .output()
+                        .expect("berth enqueue");
+                    if out.status.success() {
+                        let id = common::stdout(&out).trim().parse::<u64>().expect("an id");
+                        acked.lock().expect("acked").push(id);
+                    }
+                }
+            })
+        })
+        .collect();
+    common::wait_for("enough acknowledged enqueues", || {
+        acked.lock().expect("acked").len() >= ACKS
+    });
+    stop.store(true, Ordering::SeqCst);
+    signal(&daemon, libc::SIGSTOP);
+    fs.power_cut();
+    signal(&daemon, libc::SIGKILL);
+    let _ = daemon.wait();
+    for c in clients {
+        c.join().expect("client");
+    }
+    // Every id a client printed was answered before the freeze.
+    let acked_now = acked.lock().expect("acked").clone();
+    fs.unmount();
+    std::fs::remove_file(data.join("db")).expect("symlink");
+    std::os::unix::fs::symlink(fs.root.join("db"), data.join("db")).expect("symlink");
+    check_survivors(&data, &acked_now);
+}
