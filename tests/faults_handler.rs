@@ -232,3 +232,90 @@ fn a_timeout_bounds_the_attempt_whatever_the_handlers_helpers_hold() {
         "the daemon keeps no handler pipes open"
     );
 }
+
+/// The engine on an auto-advancing fake clock (no daemon): the store goes
+/// before its directory.
+struct Setup {
+    store: std::sync::Arc<berth::store::Store>,
+    clock: berth::clock::FakeClock,
+    _dir: tempfile::TempDir,
+}
+
+fn setup() -> Setup {
+    let dir = tempdir();
+    let clock = berth::clock::FakeClock::auto_advancing(common::T0);
+    let store = std::sync::Arc::new(common::open(dir.path(), &clock));
+    Setup {
+        store,
+        clock,
+        _dir: dir,
+    }
+}
+
+#[test]
+fn a_handler_that_always_repeats_starts_at_most_once_a_second() {
+    use berth::clock::Clock;
+    use berth::engine::{Engine, EngineConfig, Handlers, Outcome, RunResult, TaskContext};
+    use berth::store::Placement;
+    use std::sync::{Arc, Mutex};
+
+    let s = setup();
+    // (name, attempt, start time) of every run.
+    let runs: Arc<Mutex<Vec<(String, u32, u64)>>> = Arc::default();
+    let (clock, log) = (s.clock.clone(), runs.clone());
+    let mut h = Handlers::new();
+    h.register("ModuleRun", move |ctx: &TaskContext| {
+        log.lock().unwrap_or_else(|p| p.into_inner()).push((
+            ctx.task.name.clone(),
+            ctx.attempt,
+            clock.now_ms(),
+        ));
+        // Each task takes as long as its name says (ms of fake time) and
+        // asks to repeat until its 10th attempt.
+        let ms: u64 = ctx.task.name.parse().unwrap_or(0);
+        clock.advance_ms(ms);
+        if ctx.attempt < 10 {
+            Outcome::new(RunResult::Repeat)
+        } else {
+            Outcome::success()
+        }
+    });
+    let e = Engine::new(s.store.clone(), h, EngineConfig::default()).expect("engine");
+    // One queue, so one runs after the other: instant runs, runs of 400 ms,
+    // and runs of 1.5 s (over the interval: repeated at once).
+    for name in ["0", "400", "1500"] {
+        e.enqueue(common::spec("main", name), Placement::Last)
+            .expect("enqueue");
+    }
+    let sum = e.run_until_idle().expect("run");
+    assert_eq!(sum.tally.succeeded, 3);
+    assert_eq!(sum.tally.failed_attempts, 0, "a repeat is not a failure");
+    let runs = runs.lock().unwrap_or_else(|p| p.into_inner());
+    let gaps = |name: &str| -> Vec<u64> {
+        let starts: Vec<u64> = runs.iter().filter(|r| r.0 == name).map(|r| r.2).collect();
+        assert_eq!(starts.len(), 10, "{name}: ten attempts");
+        starts.windows(2).map(|w| w[1] - w[0]).collect()
+    };
+    assert_eq!(
+        gaps("0"),
+        vec![1000; 9],
+        "an attempt that takes no time is repeated a second after it started"
+    );
+    assert_eq!(gaps("400"), vec![1000; 9], "so is one of 400 ms");
+    assert_eq!(
+        gaps("1500"),
+        vec![1500; 9],
+        "one that ran for 1.5 s is repeated at once"
+    );
+    let first = runs.first().map_or(0, |r| r.2);
+    let last = runs.last().map_or(0, |r| r.2);
+    assert!(
+        last - first >= 27_000,
+        "30 attempts of repeating tasks need at least 27 s: {} ms",
+        last - first
+    );
+    for id in 1..=3 {
+        let t = s.store.task(id).expect("read").expect("the task");
+        assert_eq!((t.failures, t.attempts), (0, 10));
+    }
+}

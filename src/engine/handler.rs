@@ -28,11 +28,16 @@ pub struct TaskContext {
 pub enum RunResult {
     Success,
     Fail(String),
-    /// Run again at once; not counted as a failure.
+    /// Run again; not counted as a failure. At once if the attempt ran for
+    /// at least [`REPEAT_INTERVAL`], else that long after it started.
     Repeat,
     /// Stay at the head and run again after a delay; not a failure.
     Keep,
 }
+
+/// A task that repeats starts at most once per this interval, so a handler
+/// that always asks to repeat cannot grow the log faster than that.
+pub const REPEAT_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Where a follow-up task goes in the current task's queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

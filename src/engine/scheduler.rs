@@ -5,7 +5,8 @@
 //! pool before the write that records its start is durable.
 //!
 //! Invariants kept here: a queue runs at most its head task; a failed head
-//! stays at the head until its retry time; a group parent's queue waits for
+//! stays at the head until its retry time; a repeating head starts at most
+//! once per `REPEAT_INTERVAL`; a group parent's queue waits for
 //! every child; a finished task leaves its queue in the same write that
 //! records how it finished.
 
@@ -18,7 +19,9 @@ use serde_json::json;
 
 use crate::budget::{Blob, Budget};
 use crate::engine::EngineConfig;
-use crate::engine::handler::{FollowUpAt, Handlers, Outcome, RunResult, TaskContext, run_attempt};
+use crate::engine::handler::{
+    FollowUpAt, Handlers, Outcome, REPEAT_INTERVAL, RunResult, TaskContext, run_attempt,
+};
 use crate::engine::pool::Job;
 use crate::engine::status::QueueActivity;
 use crate::groups;
@@ -295,7 +298,15 @@ impl Scheduler {
             }
             RunResult::Repeat => {
                 w.requeue(task.id, None)?;
-                self.queue(&task.queue).activity_after = Some(QueueActivity::Repeat);
+                // Throttled: the next start comes at least REPEAT_INTERVAL
+                // after this one (at once if the attempt took that long).
+                let started = task.started_at.unwrap_or(now);
+                let ready = started.saturating_add(REPEAT_INTERVAL.as_millis() as u64);
+                let q = self.queue(&task.queue);
+                q.activity_after = Some(QueueActivity::Repeat);
+                if ready > now {
+                    q.sleep_until = ready;
+                }
             }
             RunResult::Keep => {
                 let d = delay_ms.unwrap_or(env.config.keep_delay.as_millis() as u64);
