@@ -20,8 +20,9 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::budget;
 use crate::engine::handler::{Handler, Outcome, RunResult, TaskContext};
-use crate::units::format_duration;
+use crate::units::{format_duration, format_size};
 
 /// EX_TEMPFAIL: run the task again at once.
 pub const EXIT_REPEAT: i32 = 75;
@@ -81,7 +82,8 @@ pub struct CommandHandler {
     pub run: CommandSpec,
     pub pre: Option<CommandSpec>,
     pub post: Option<CommandSpec>,
-    /// The most stdout kept as a result.
+    /// The most stdout read as a result (the budget's `max_decompressed`);
+    /// more is cut, and the result is a `truncated` marker.
     pub max_output: usize,
 }
 
@@ -90,7 +92,8 @@ pub struct CommandHandler {
 pub struct Finished {
     pub code: Option<i32>,
     pub signal: Option<i32>,
-    /// stdout, at most `max_output` bytes.
+    /// stdout, at most `max_output` bytes; when more came, only its first
+    /// [`budget::RESULT_HEAD`] bytes (all a truncated result keeps).
     pub stdout: Vec<u8>,
     /// More than `max_output` bytes came on stdout.
     pub stdout_cut: bool,
@@ -350,7 +353,7 @@ pub fn run_command(
         child.stdout.take().and_then(nonblocking),
         max_output,
         false,
-        max_output,
+        budget::RESULT_HEAD,
     );
     let mut err = OutPipe::new(
         child.stderr.take().and_then(nonblocking),
@@ -492,6 +495,23 @@ impl Handler for CommandHandler {
             ));
         }
         match f.code {
+            Some(0) if f.stdout_cut => {
+                // Only the head was kept; a character cut at its end is dropped.
+                let head = match std::str::from_utf8(&f.stdout) {
+                    Err(e) if e.error_len().is_none() => &f.stdout[..e.valid_up_to()],
+                    _ => &f.stdout[..],
+                };
+                Outcome {
+                    output: Some(serde_json::Value::String(
+                        String::from_utf8_lossy(head).trim().to_string(),
+                    )),
+                    output_cut: Some(format!(
+                        "stdout is over the {} read limit",
+                        format_size(self.max_output as u64)
+                    )),
+                    ..Outcome::success()
+                }
+            }
             Some(0) => {
                 let text = String::from_utf8_lossy(&f.stdout);
                 let trimmed = text.trim();

@@ -57,8 +57,13 @@ pub struct FollowUp {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Outcome {
     pub result: RunResult,
-    /// Stored as the task's result (JSON).
+    /// Stored as the task's result (JSON), within the object size budget
+    /// (see [`crate::budget::Budget::result_blob`]).
     pub output: Option<serde_json::Value>,
+    /// Set when the handler could keep only the start of its output (for a
+    /// command, stdout over its read limit): why. `output` is then that
+    /// start, and the stored result is a `truncated` marker.
+    pub output_cut: Option<String>,
     /// Tasks to add (applied unless the run failed).
     pub follow_ups: Vec<FollowUp>,
     /// The queue sleeps this long before its next task (or, with Keep, before
@@ -71,6 +76,7 @@ impl Outcome {
         Outcome {
             result,
             output: None,
+            output_cut: None,
             follow_ups: Vec::new(),
             delay: None,
         }

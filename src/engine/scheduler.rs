@@ -15,9 +15,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crossbeam_channel::Sender;
-use serde_json::json;
 
-use crate::budget::{Blob, Budget};
+use crate::budget::Budget;
 use crate::engine::EngineConfig;
 use crate::engine::handler::{
     FollowUpAt, Handlers, Outcome, REPEAT_INTERVAL, RunResult, TaskContext, run_attempt,
@@ -103,26 +102,6 @@ pub struct StepEnv<'a> {
     pub handlers: &'a Arc<Handlers>,
     pub budget: &'a Budget,
     pub tx: &'a Sender<Msg>,
-}
-
-/// How much of an over-budget result is kept, as text, beside the marker.
-const RESULT_HEAD: usize = 64 * 1024;
-
-fn result_blob(output: &Option<serde_json::Value>, budget: &Budget) -> Option<Blob> {
-    let v = output.as_ref()?;
-    Some(Blob::from_json("result", v, budget).unwrap_or_else(|e| {
-        // Over the budget even compressed: keep its head and say so.
-        let text = match v {
-            serde_json::Value::String(s) => s.clone(),
-            other => other.to_string(),
-        };
-        let mut cut = RESULT_HEAD.min(text.len());
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        let marker = json!({"truncated": true, "reason": e.to_string(), "head": &text[..cut]});
-        Blob::from_json("result", &marker, budget).unwrap_or_default()
-    }))
 }
 
 impl Scheduler {
@@ -264,7 +243,11 @@ impl Scheduler {
         let delay_ms = outcome.delay.map(|d| d.as_millis() as u64);
         match outcome.result {
             RunResult::Success => {
-                w.succeed(task.id, result_blob(&outcome.output, env.budget))?;
+                let result = outcome
+                    .output
+                    .as_ref()
+                    .and_then(|v| env.budget.result_blob(v, outcome.output_cut.as_deref()));
+                w.succeed(task.id, result)?;
                 w.to_history(task.id, Status::Succeeded)?;
                 self.tally.succeeded += 1;
                 if let Some(d) = delay_ms {
