@@ -25,6 +25,9 @@ case "$BERTH_TASK_NAME" in
   stdin) exec 3<&0; held <&3 & echo '"started"' ;;
   group) sleep 30 & echo $! > group.pid; echo '"started"' ;;
   next) cat >/dev/null; echo '"next ran"' ;;
+  huge) head -c 70000000 /dev/zero | tr '\0' a ;;
+  escapes) head -c 12000000 /dev/zero | tr '\0' '\001' ;;
+  big) head -c 5000000 /dev/zero | tr '\0' b ;;
 esac
 "#;
 
@@ -41,9 +44,9 @@ impl Drop for Daemon {
     }
 }
 
-/// Writes the handler and a config with `timeout = "3s"` and one attempt
-/// per task; `extra` is appended.
-fn write_config(root: &Path, extra: &str) -> PathBuf {
+/// Writes the handler and a config with the handler's `timeout` and one
+/// attempt per task.
+fn write_config(root: &Path, timeout: &str) -> PathBuf {
     let hook = root.join("hook.sh");
     std::fs::write(&hook, HANDLER).expect("write the handler");
     std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).expect("chmod");
@@ -51,7 +54,7 @@ fn write_config(root: &Path, extra: &str) -> PathBuf {
     std::fs::write(
         &cfg,
         format!(
-            "data_dir = \"data\"\ngrace = \"10s\"\n[retry]\ninitial = \"1s\"\nmax_attempts = 1\n[handlers.Sh]\ncommand = [\"./hook.sh\"]\ntimeout = \"3s\"\n{extra}"
+            "data_dir = \"data\"\ngrace = \"10s\"\n[retry]\ninitial = \"1s\"\nmax_attempts = 1\n[handlers.Sh]\ncommand = [\"./hook.sh\"]\ntimeout = \"{timeout}\"\n"
         ),
     )
     .expect("write the config");
@@ -157,7 +160,7 @@ impl Drop for Helpers {
 #[test]
 fn a_timeout_bounds_the_attempt_whatever_the_handlers_helpers_hold() {
     let root = tempdir();
-    write_config(root.path(), "");
+    write_config(root.path(), "3s");
     let _helpers = Helpers(
         ["timeout", "exits", "stdin"]
             .iter()
@@ -318,4 +321,98 @@ fn a_handler_that_always_repeats_starts_at_most_once_a_second() {
         let t = s.store.task(id).expect("read").expect("the task");
         assert_eq!((t.failures, t.attempts), (0, 10));
     }
+}
+
+/// `berth task show ID` in both forms, which must succeed.
+fn show_both(dir: &Path, id: u64) -> (String, String) {
+    let id = id.to_string();
+    let json = berth(dir, &["task", "show", &id, "-o", "json"]);
+    let text = berth(dir, &["task", "show", &id]);
+    for o in [&json, &text] {
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(o));
+    }
+    (stdout(&json), stdout(&text))
+}
+
+/// The daemon's raw answer to `task_show`.
+fn task_show_line(dir: &Path, id: u64) -> String {
+    use std::io::{BufRead, BufReader, Write};
+    let mut s = UnixStream::connect(dir.join("berth.sock")).expect("connect");
+    s.write_all(format!("{{\"op\":\"task_show\",\"id\":{id}}}\n").as_bytes())
+        .expect("send");
+    let mut line = String::new();
+    BufReader::new(s).read_line(&mut line).expect("answer");
+    line
+}
+
+#[test]
+fn any_result_can_be_read_back_the_same_with_and_without_the_daemon() {
+    let root = tempdir();
+    write_config(root.path(), "1m");
+    let mut d = start(root.path());
+    // 70 MB on stdout: over the 64 MiB read limit, cut while it is read.
+    let huge = enqueue(&d.dir, "a", "huge", NULL);
+    // 12 MB of \x01: read whole, but 72 MB as JSON ("\u0001" each).
+    let escapes = enqueue(&d.dir, "b", "escapes", NULL);
+    // 5 MB of one letter: fits, stored compressed.
+    let big = enqueue(&d.dir, "c", "big", NULL);
+    let all = [huge, escapes, big];
+    wait_for("the three tasks to finish", || {
+        all.iter().all(|id| finished(&show(&d.dir, *id)))
+    });
+    let online: Vec<(String, String)> = all.iter().map(|id| show_both(&d.dir, *id)).collect();
+    // The daemon sends a result stored compressed as it is stored.
+    let line = task_show_line(&d.dir, big);
+    assert!(
+        line.len() < 100_000 && line.contains("\"gzip_base64\""),
+        "the daemon inflated a 5 MB result: a {} byte answer",
+        line.len()
+    );
+    // Stopped: the CLI reads the data dir itself.
+    // SAFETY: kill(2) on the daemon this test started.
+    unsafe {
+        libc::kill(d.child.id() as i32, libc::SIGTERM);
+    }
+    let status = d.child.wait().expect("wait for the daemon");
+    assert!(status.success(), "{status:?}");
+    assert!(!d.dir.join("berth.sock").exists());
+    for (id, (json, text)) in all.iter().zip(&online) {
+        let (json_off, text_off) = show_both(&d.dir, *id);
+        assert!(
+            json == &json_off,
+            "task {id}: -o json differs without the daemon"
+        );
+        assert!(
+            text == &text_off,
+            "task {id}: the text differs without the daemon"
+        );
+    }
+
+    let parse = |s: &str| -> serde_json::Value {
+        serde_json::from_str(s).unwrap_or_else(|e| panic!("task show printed {s:.200}: {e}"))
+    };
+    let t = parse(&online[0].0);
+    assert_eq!(t["status"], "succeeded", "{:.300}", online[0].0);
+    assert_eq!(t["result"]["truncated"], true);
+    assert_eq!(
+        t["result"]["reason"],
+        "stdout is over the 64 MiB read limit"
+    );
+    assert_eq!(t["result"]["head"], "a".repeat(64 * 1024));
+    let t = parse(&online[1].0);
+    assert_eq!(t["status"], "succeeded");
+    assert_eq!(t["result"]["truncated"], true);
+    assert_eq!(
+        t["result"]["reason"],
+        "task result is 68.7 MiB; the decompression limit is 64 MiB"
+    );
+    assert_eq!(t["result"]["head"], "\u{1}".repeat(64 * 1024));
+    let t = parse(&online[2].0);
+    assert_eq!(t["status"], "succeeded");
+    assert_eq!(t["result"], "b".repeat(5_000_000));
+    assert!(
+        online[2].1.contains("status: succeeded\n"),
+        "{:.300}",
+        online[2].1
+    );
 }
