@@ -297,9 +297,9 @@ fn kill_group(pgid: i32) {
 /// exit, so the timeout bounds the whole attempt whatever the handler's
 /// descendants do with the pipes. The attempt ends
 /// - when the direct child has exited and both output pipes reached EOF;
-/// - or [`DRAIN`] after the direct child exited, when something it left
-///   behind still holds a pipe: the exit status counts, and the output read
-///   so far is the output;
+/// - or [`DRAIN`] after the direct child exited (at the latest at the
+///   timeout), when something it left behind still holds a pipe: the exit
+///   status counts, and the output read so far is the output;
 /// - or at the timeout: the process group is killed and reading stops.
 ///
 /// Then whatever is left in the process group is killed and our pipe ends
@@ -374,13 +374,12 @@ pub fn run_command(
         let now = Instant::now();
         let until = match exited_at {
             Some(at) => {
-                if out.file.is_none() && err.file.is_none() {
+                // The drain never outlasts the timeout.
+                let end = (at + DRAIN).min(deadline.max(at));
+                if (out.file.is_none() && err.file.is_none()) || now >= end {
                     break;
                 }
-                if now >= at + DRAIN {
-                    break;
-                }
-                at + DRAIN
+                end
             }
             None => {
                 if now >= deadline {
