@@ -1,12 +1,17 @@
 //! The object size budget (frameworkcontroller's LargeFrameworkCompression):
 //! a payload or result whose JSON is at least `compress_over` bytes is kept
 //! gzip-compressed; a record larger than `max_object` is refused; reading a
-//! compressed blob never inflates past `max_decompressed`.
+//! compressed blob never inflates past `max_decompressed`, and nothing whose
+//! JSON is larger than that is stored. A handler's result that does not fit
+//! becomes a `truncated` marker ([`Budget::result_blob`]).
 //!
-//! Invariant enforced here: no stored blob, however crafted, can make a reader
-//! allocate more than `max_decompressed` bytes.
+//! Invariants enforced here: no stored blob, however crafted, can make a
+//! reader allocate more than `max_decompressed` bytes; every blob this module
+//! makes can be read back within the same budget.
 
 use std::io::{Read, Write};
+
+use serde_json::json;
 
 use bincode::{Decode, Encode};
 use flate2::Compression;
@@ -36,6 +41,10 @@ impl Default for Budget {
     }
 }
 
+/// How much of a result that does not fit is kept, as text, in its
+/// `truncated` marker.
+pub const RESULT_HEAD: usize = 64 * 1024;
+
 /// The hard ceiling on `max_object`: records are decoded with allocation
 /// limits derived from it.
 pub const MAX_OBJECT_CEILING: usize = 64 << 20;
@@ -52,6 +61,92 @@ impl Budget {
         if self.max_decompressed < self.max_object {
             return Err("max_decompressed must be at least max_object".into());
         }
+        Ok(())
+    }
+
+    /// The stored form of a handler's result `value`: its blob when the
+    /// budget holds it, else a marker `{"truncated": true, "reason": ...,
+    /// "head": ...}` that keeps the first [`RESULT_HEAD`] bytes of its text
+    /// (a string's content, else its JSON). `cut` is why the handler already
+    /// had to cut it (its output was over a read limit); `value` is then the
+    /// part it kept, and the result is always a marker.
+    ///
+    /// A result never fits when its JSON is over `max_decompressed` (it
+    /// could not be read back) or still over `max_object` after
+    /// compression. Whatever this returns can be read back with this budget.
+    /// None only when not even an empty marker fits in `max_object`.
+    pub fn result_blob(&self, value: &serde_json::Value, cut: Option<&str>) -> Option<Blob> {
+        let reason = match cut {
+            Some(r) => r.to_string(),
+            None => match Blob::from_json("result", value, self) {
+                Ok(b) => return Some(b),
+                Err(e) => e.to_string(),
+            },
+        };
+        let mut head = text_head(value, RESULT_HEAD);
+        loop {
+            let marker = json!({"truncated": true, "reason": reason, "head": head});
+            if let Ok(b) = Blob::from_json("result", &marker, self) {
+                return Some(b);
+            }
+            if head.is_empty() {
+                return None;
+            }
+            // A tiny budget: keep less.
+            head.truncate(floor_char_boundary(&head, head.len() / 2));
+        }
+    }
+}
+
+/// The largest char boundary of `s` at or below `i`.
+fn floor_char_boundary(s: &str, i: usize) -> usize {
+    let mut i = i.min(s.len());
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+/// The first `max` bytes (at most) of a value's text: a string's content,
+/// else its JSON, cut at a char boundary. Only `max` bytes are serialized.
+fn text_head(value: &serde_json::Value, max: usize) -> String {
+    if let serde_json::Value::String(s) = value {
+        return s[..floor_char_boundary(s, max)].to_string();
+    }
+    let mut w = JsonSink::new(max);
+    let _ = serde_json::to_writer(&mut w, value);
+    let keep = match std::str::from_utf8(&w.kept) {
+        Ok(_) => w.kept.len(),
+        Err(e) => e.valid_up_to(),
+    };
+    String::from_utf8_lossy(&w.kept[..keep]).into_owned()
+}
+
+/// Keeps the first `cap` bytes written to it and counts the rest.
+struct JsonSink {
+    kept: Vec<u8>,
+    cap: usize,
+    total: usize,
+}
+
+impl JsonSink {
+    fn new(cap: usize) -> Self {
+        JsonSink {
+            kept: Vec::new(),
+            cap,
+            total: 0,
+        }
+    }
+}
+
+impl Write for JsonSink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let room = self.cap.saturating_sub(self.kept.len());
+        self.kept.extend_from_slice(&buf[..room.min(buf.len())]);
+        self.total = self.total.saturating_add(buf.len());
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
 }
@@ -86,6 +181,12 @@ pub enum BudgetError {
     },
     #[error("compressed {what} inflates past the {} decompression limit", format_size(*limit as u64))]
     Bomb { what: &'static str, limit: usize },
+    #[error("task {what} is {}; the decompression limit is {}", format_size(*size as u64), format_size(*limit as u64))]
+    OverReadLimit {
+        what: &'static str,
+        size: usize,
+        limit: usize,
+    },
     #[error("compressed {what} is not valid gzip: {reason}")]
     BadGzip { what: &'static str, reason: String },
     #[error("{what} is not valid JSON: {reason}")]
@@ -94,17 +195,27 @@ pub enum BudgetError {
 
 impl Blob {
     /// Serializes `value` and compresses it when it reaches `compress_over`.
-    /// Refuses it when even compressed it is over `max_object`.
+    /// Refuses it when its JSON is over `max_decompressed` (it could not be
+    /// read back; never more than that is held while serializing) or when
+    /// even compressed it is over `max_object`.
     pub fn from_json(
         what: &'static str,
         value: &serde_json::Value,
         budget: &Budget,
     ) -> Result<Blob, BudgetError> {
-        let raw = serde_json::to_vec(value).map_err(|e| BudgetError::BadJson {
+        let mut sink = JsonSink::new(budget.max_decompressed);
+        serde_json::to_writer(&mut sink, value).map_err(|e| BudgetError::BadJson {
             what,
             reason: e.to_string(),
         })?;
-        Self::from_json_bytes(what, raw, budget)
+        if sink.total > budget.max_decompressed {
+            return Err(BudgetError::OverReadLimit {
+                what,
+                size: sink.total,
+                limit: budget.max_decompressed,
+            });
+        }
+        Self::from_json_bytes(what, sink.kept, budget)
     }
 
     /// Like [`Blob::from_json`] for bytes already known to be JSON.
@@ -113,6 +224,13 @@ impl Blob {
         raw: Vec<u8>,
         budget: &Budget,
     ) -> Result<Blob, BudgetError> {
+        if raw.len() > budget.max_decompressed {
+            return Err(BudgetError::OverReadLimit {
+                what,
+                size: raw.len(),
+                limit: budget.max_decompressed,
+            });
+        }
         let blob = if raw.len() >= budget.compress_over {
             // The fast level first; the best level only when that is not enough.
             let mut bytes = gzip_level(&raw, Compression::fast());
@@ -290,6 +408,126 @@ mod tests {
             err.to_string()
                 .starts_with("compressed result is not valid gzip")
         );
+    }
+
+    /// A small budget, so the tests stay small: 1 KiB, 64 KiB, 1 MiB.
+    fn small() -> Budget {
+        Budget {
+            compress_over: 1024,
+            max_object: 64 * 1024,
+            max_decompressed: 1 << 20,
+        }
+    }
+
+    /// Reads a stored result back within `b`, as every reader does.
+    fn read_back(blob: &Blob, b: &Budget) -> serde_json::Value {
+        assert!(blob.bytes.len() <= b.max_object, "{blob:?} over max_object");
+        blob.to_json("result", b)
+            .unwrap_or_else(|e| panic!("a stored result cannot be read back: {e}"))
+    }
+
+    #[test]
+    fn a_result_that_fits_is_stored_as_is() {
+        let b = small();
+        for v in [json!({"ok": true}), big_json(200 * 1024), json!("x")] {
+            let blob = b.result_blob(&v, None).unwrap();
+            assert_eq!(blob, Blob::from_json("result", &v, &b).unwrap());
+            assert_eq!(read_back(&blob, &b), v);
+        }
+    }
+
+    #[test]
+    fn json_over_the_read_limit_becomes_a_marker_even_when_it_compresses_well() {
+        let b = small();
+        // 1.5 MiB of one letter gzips to a few KiB, far under max_object:
+        // stored as is, it could never be inflated again.
+        let v = json!("a".repeat(3 << 19));
+        let err = Blob::from_json("result", &v, &b).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "task result is 1.5 MiB; the decompression limit is 1 MiB"
+        );
+        let r = read_back(&b.result_blob(&v, None).unwrap(), &b);
+        assert_eq!(r["truncated"], true);
+        assert_eq!(r["reason"], err.to_string());
+        assert_eq!(r["head"], "a".repeat(RESULT_HEAD));
+        // Text under the limit whose JSON escapes push it over: 200 KiB of
+        // control characters are 1.2 MiB of "\u0001".
+        let v = json!("\u{1}".repeat(200 * 1024));
+        let r = read_back(&b.result_blob(&v, None).unwrap(), &b);
+        assert_eq!(r["truncated"], true, "{}", r["reason"]);
+        assert_eq!(r["head"].as_str().map(str::len), Some(RESULT_HEAD));
+    }
+
+    #[test]
+    fn a_result_over_max_object_after_compression_becomes_a_marker() {
+        let b = small();
+        let mut rng = fastrand::Rng::with_seed(3);
+        let noise: String = (0..300 * 1024).map(|_| rng.alphanumeric()).collect();
+        let r = read_back(&b.result_blob(&json!(noise), None).unwrap(), &b);
+        assert_eq!(r["truncated"], true);
+        let reason = r["reason"].as_str().unwrap();
+        assert!(
+            reason.ends_with("after compression; the object budget is 64 KiB"),
+            "{reason}"
+        );
+        assert_eq!(r["head"], noise[..RESULT_HEAD]);
+    }
+
+    #[test]
+    fn a_result_the_handler_cut_is_always_a_marker() {
+        let b = Budget::default();
+        let v = json!("the first part");
+        let r = read_back(
+            &b.result_blob(&v, Some("stdout is over the 64 MiB read limit"))
+                .unwrap(),
+            &b,
+        );
+        assert_eq!(
+            r,
+            json!({"truncated": true, "reason": "stdout is over the 64 MiB read limit", "head": "the first part"})
+        );
+    }
+
+    #[test]
+    fn a_marker_head_is_json_text_cut_at_a_char_boundary() {
+        let b = small();
+        // JSON of a non-string, with two-byte characters: 1.1 MiB.
+        let v = json!(vec!["é"; 300 * 1024]);
+        let r = read_back(&b.result_blob(&v, None).unwrap(), &b);
+        let head = r["head"].as_str().unwrap();
+        assert!(head.len() <= RESULT_HEAD && head.len() > RESULT_HEAD - 4);
+        assert!(
+            head.starts_with("[\"é\",\"é\""),
+            "{}",
+            head.chars().take(20).collect::<String>()
+        );
+    }
+
+    #[test]
+    fn a_tiny_budget_keeps_a_shorter_head_or_nothing() {
+        let mut b = Budget {
+            compress_over: usize::MAX,
+            max_object: 300,
+            max_decompressed: 300,
+        };
+        let v = json!("z".repeat(1000));
+        let r = read_back(&b.result_blob(&v, None).unwrap(), &b);
+        assert_eq!(r["truncated"], true);
+        let head = r["head"].as_str().unwrap();
+        assert!(!head.is_empty() && head.len() < 300, "{head}");
+        b.max_object = 10;
+        b.max_decompressed = 10;
+        assert_eq!(b.result_blob(&v, None), None, "not even a marker fits");
+    }
+
+    #[test]
+    fn a_payload_over_the_read_limit_is_refused() {
+        let b = small();
+        let err = Blob::from_json("payload", &json!("a".repeat(2 << 20)), &b).unwrap_err();
+        assert!(matches!(err, BudgetError::OverReadLimit { .. }), "{err}");
+        let err = Blob::from_json_bytes("payload", vec![b'1'; (1 << 20) + 1], &b).unwrap_err();
+        assert!(matches!(err, BudgetError::OverReadLimit { .. }), "{err}");
     }
 
     #[test]

@@ -174,7 +174,8 @@ pub fn handle(engine: &Engine, req: Request) -> Response {
         Request::EnqueueBatch { tasks } => enqueued(engine.enqueue_batch(tasks)),
         Request::QueueList => Response::ok(views_to_json(&engine.queue_views())),
         Request::TaskShow { id } => match store.task(id) {
-            Ok(Some(t)) => Response::ok(report::task_json(&t, store.budget())),
+            // Compressed blobs go compressed: the CLI inflates them, not the daemon.
+            Ok(Some(t)) => Response::ok(report::task_wire(&t, store.budget())),
             Ok(None) => Response::err(CODE_RUNTIME, format!("no task {id}")),
             Err(e) => Response::err(CODE_RUNTIME, e.to_string()),
         },

@@ -9,9 +9,13 @@
 
 use std::cmp::Ordering;
 
-use serde_json::json;
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use serde_json::{Value, json};
 
+use crate::budget::{Blob, Budget};
 use crate::store::Store;
+use crate::task::Task;
 
 pub const MAIN: &str = "main";
 
@@ -204,13 +208,17 @@ pub fn render_json(queues: &[QueueView]) -> serde_json::Value {
     })
 }
 
-/// A whole task as JSON, payload and result decoded; `corrupt` notes a
-/// payload or result that could not be decoded instead of failing.
-pub fn task_json(t: &crate::task::Task, budget: &crate::budget::Budget) -> serde_json::Value {
-    let decode = |b: &crate::budget::Blob, what| match b.to_json(what, budget) {
+/// A stored payload or result as JSON: decoded (inflated within `budget`),
+/// or `{"error": ...}` when it cannot be.
+fn blob_json(b: &Blob, what: &'static str, budget: &Budget) -> Value {
+    match b.to_json(what, budget) {
         Ok(v) => v,
         Err(e) => json!({"error": e.to_string()}),
-    };
+    }
+}
+
+/// The task's fields, with `blob` turning its payload and result into JSON.
+fn task_fields(t: &Task, blob: impl Fn(&Blob, &'static str) -> Value) -> Value {
     json!({
         "id": t.id,
         "kind": t.kind,
@@ -232,9 +240,84 @@ pub fn task_json(t: &crate::task::Task, budget: &crate::budget::Budget) -> serde
         "parent": t.parent,
         "children": t.children,
         "payload_compressed": t.payload.compressed,
-        "payload": decode(&t.payload, "payload"),
-        "result": t.result.as_ref().map(|r| decode(r, "result")),
+        "payload": blob(&t.payload, "payload"),
+        "result": t.result.as_ref().map(|r| blob(r, "result")),
     })
+}
+
+/// A whole task as JSON, payload and result decoded; a payload or result
+/// that cannot be decoded shows as `{"error": ...}` instead of failing.
+pub fn task_json(t: &Task, budget: &Budget) -> Value {
+    task_fields(t, |b, what| blob_json(b, what, budget))
+}
+
+/// The wire key of a blob sent compressed.
+const GZIP_BASE64: &str = "gzip_base64";
+
+/// [`task_json`] as the daemon sends it (`task_show`), without inflating
+/// anything: a payload or result stored compressed goes as
+/// `{"gzip_base64": "<the stored gzip bytes, base64>"}`, flagged by
+/// `payload_compressed` and `result_compressed`; `max_decompressed` is the
+/// daemon's limit. [`task_from_wire`] makes [`task_json`]'s value of it.
+pub fn task_wire(t: &Task, budget: &Budget) -> Value {
+    let mut j = task_fields(t, |b, what| {
+        if b.compressed {
+            json!({GZIP_BASE64: BASE64.encode(&b.bytes)})
+        } else {
+            blob_json(b, what, budget)
+        }
+    });
+    if let Some(m) = j.as_object_mut() {
+        let compressed = t.result.as_ref().is_some_and(|r| r.compressed);
+        m.insert("result_compressed".into(), json!(compressed));
+        m.insert("max_decompressed".into(), json!(budget.max_decompressed));
+    }
+    j
+}
+
+/// What [`task_wire`] sent, as [`task_json`] would have made it: compressed
+/// blobs are inflated here (never past the daemon's `max_decompressed`) and
+/// the wire-only fields dropped.
+pub fn task_from_wire(mut j: Value) -> Value {
+    let Some(m) = j.as_object_mut() else {
+        return j;
+    };
+    let budget = Budget {
+        max_decompressed: m
+            .remove("max_decompressed")
+            .and_then(|v| v.as_u64())
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(Budget::default().max_decompressed),
+        ..Budget::default()
+    };
+    let result_compressed = m.remove("result_compressed") == Some(Value::Bool(true));
+    let payload_compressed = m.get("payload_compressed") == Some(&Value::Bool(true));
+    for (what, compressed) in [
+        ("payload", payload_compressed),
+        ("result", result_compressed),
+    ] {
+        if !compressed {
+            continue;
+        }
+        let bytes = m
+            .get(what)
+            .and_then(|v| v.get(GZIP_BASE64))
+            .and_then(Value::as_str)
+            .and_then(|s| BASE64.decode(s).ok());
+        let v = match bytes {
+            Some(bytes) => blob_json(
+                &Blob {
+                    compressed: true,
+                    bytes,
+                },
+                what,
+                &budget,
+            ),
+            None => json!({"error": format!("the daemon sent a malformed compressed {what}")}),
+        };
+        m.insert(what.into(), v);
+    }
+    j
 }
 
 /// A whole task as text, one `key: value` line per field, payload last.
@@ -358,6 +441,110 @@ Summary:
         assert_eq!(j["summary"]["mainQueueTasks"], 1);
         assert_eq!(j["summary"]["otherQueues"]["empty"], 1);
         assert_eq!(j["summary"]["totalTasks"], 1);
+    }
+
+    fn task_with(payload: Value, result: Option<Blob>, budget: &Budget) -> Task {
+        let spec = crate::task::TaskSpec {
+            queue: "main".into(),
+            kind: "K".into(),
+            name: "n".into(),
+            payload,
+            ..Default::default()
+        };
+        let mut t = spec.into_task(1, budget).unwrap();
+        t.result = result;
+        t
+    }
+
+    /// Through the wire as the socket carries it: one JSON line.
+    fn over_the_wire(t: &Task, budget: &Budget) -> Value {
+        let line = serde_json::to_string(&task_wire(t, budget)).unwrap();
+        task_from_wire(serde_json::from_str(&line).unwrap())
+    }
+
+    #[test]
+    fn the_wire_form_reads_back_exactly_as_task_json() {
+        let b = Budget::default();
+        let big = json!(vec!["some status text"; 20_000]);
+        let bomb = Blob {
+            compressed: true,
+            bytes: crate::budget::gzip(&vec![b' '; (64 << 20) + 1]),
+        };
+        let bad = Blob {
+            compressed: true,
+            bytes: b"not gzip".to_vec(),
+        };
+        let cases = [
+            task_with(json!({"a": 1}), None, &b),
+            task_with(big.clone(), Blob::from_json("result", &big, &b).ok(), &b),
+            task_with(
+                json!(null),
+                Blob::from_json("result", &json!("ok"), &b).ok(),
+                &b,
+            ),
+            task_with(json!({"gzip_base64": "not a blob"}), Some(bomb), &b),
+            task_with(json!(1), Some(bad), &b),
+        ];
+        for t in &cases {
+            let local = task_json(t, &b);
+            let wire = over_the_wire(t, &b);
+            assert_eq!(wire, local);
+            assert_eq!(task_text(&wire), task_text(&local));
+            assert_eq!(
+                serde_json::to_string_pretty(&wire).unwrap(),
+                serde_json::to_string_pretty(&local).unwrap()
+            );
+        }
+        assert!(cases[1].payload.compressed);
+        assert_eq!(task_json(&cases[1], &b)["result"], big);
+        assert!(
+            task_json(&cases[3], &b)["result"]["error"]
+                .as_str()
+                .unwrap()
+                .contains("inflates past the 64 MiB decompression limit")
+        );
+        // The daemon sends the compressed bytes, not the inflated text.
+        let sent = serde_json::to_string(&task_wire(&cases[3], &b)).unwrap();
+        assert!(sent.len() < 1 << 20, "{} bytes", sent.len());
+    }
+
+    #[test]
+    fn the_wire_form_uses_the_daemons_limit_and_survives_garbage() {
+        // A daemon with a 1 MiB limit: the CLI inflates no more than that.
+        let b = Budget {
+            compress_over: 1024,
+            max_object: 1 << 20,
+            max_decompressed: 1 << 20,
+        };
+        let text = json!("x".repeat(3 << 19));
+        let blob = Blob {
+            compressed: true,
+            bytes: crate::budget::gzip(&serde_json::to_vec(&text).unwrap()),
+        };
+        let t = task_with(json!(null), Some(blob), &b);
+        assert_eq!(
+            over_the_wire(&t, &b)["result"]["error"],
+            "compressed result inflates past the 1 MiB decompression limit"
+        );
+        let roomy = Budget {
+            max_decompressed: 2 << 20,
+            ..b
+        };
+        assert_eq!(over_the_wire(&t, &roomy)["result"], text);
+        for garbage in [
+            json!([1, 2]),
+            json!({"payload_compressed": true, "payload": 5, "result_compressed": true}),
+            json!({"payload_compressed": true, "payload": {"gzip_base64": "@@"}}),
+            json!({"max_decompressed": "lots"}),
+        ] {
+            let _ = task_from_wire(garbage);
+        }
+        let v =
+            task_from_wire(json!({"payload_compressed": true, "payload": {"gzip_base64": "@@"}}));
+        assert_eq!(
+            v["payload"]["error"],
+            "the daemon sent a malformed compressed payload"
+        );
     }
 
     #[test]

@@ -177,7 +177,11 @@ fn repeat_and_keep_run_again_without_counting_failures() {
             .map(|x| x.2 - T0)
             .collect::<Vec<_>>()
     };
-    assert_eq!(times("r"), vec![0, 0, 0], "repeat runs again at once");
+    assert_eq!(
+        times("r"),
+        vec![0, 1000, 2000],
+        "repeat runs again, at most once a second"
+    );
     assert_eq!(
         times("k"),
         vec![0, 3000, 10_000],
@@ -650,6 +654,13 @@ fn a_repeating_head_shows_repeat_head_task_until_a_worker_takes_it() {
     sched.complete(&mut w, &env, done).unwrap();
     w.commit().unwrap();
     assert_eq!(status(&sched), "repeat head task");
+    // It ran for no time: it waits until a second after its start.
+    let mut w = s.store.write();
+    assert_eq!(sched.dispatch(&mut w, &env).unwrap().len(), 0);
+    w.commit().unwrap();
+    assert_eq!(sched.next_wake(T0), Some(T0 + 1000));
+    assert_eq!(status(&sched), "repeat head task");
+    s.clock.advance_ms(1000);
     let mut w = s.store.write();
     let jobs = sched.dispatch(&mut w, &env).unwrap();
     w.commit().unwrap();

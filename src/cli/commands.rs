@@ -211,7 +211,7 @@ fn queue_list(dir: &Path, output: Format, show_empty: bool, prefix: &str) -> Res
 
 fn task_show(dir: &Path, id: u64, output: Format) -> Result<(), CliError> {
     let j = match via_daemon(dir, &Request::TaskShow { id })? {
-        Some(v) => v,
+        Some(v) => report::task_from_wire(v),
         None => {
             let store =
                 open_for_read(dir)?.ok_or_else(|| CliError::runtime(format!("no task {id}")))?;

@@ -5,20 +5,24 @@
 //! `BERTH_TASK_ID`, `BERTH_TASK_KIND`, `BERTH_TASK_NAME`, `BERTH_TASK_QUEUE`,
 //! `BERTH_ATTEMPT` and `BERTH_NODE` in its environment. Exit 0 is success
 //! (stdout becomes the result), exit 75 (EX_TEMPFAIL) asks to run again,
-//! anything else fails with the last line of stderr. On timeout the whole
-//! process group is killed. Files berth opens are close-on-exec, so the
-//! handler does not inherit the database or the socket.
+//! anything else fails with the last line of stderr. The timeout bounds the
+//! whole attempt (see [`run_command`]): on timeout the whole process group
+//! is killed, and a helper in another session that holds the pipes is not
+//! waited for. Files berth opens are close-on-exec, so the handler does not
+//! inherit the database or the socket.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
+use std::fs::File;
+use std::io::{ErrorKind, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use crate::budget;
 use crate::engine::handler::{Handler, Outcome, RunResult, TaskContext};
-use crate::units::format_duration;
+use crate::units::{format_duration, format_size};
 
 /// EX_TEMPFAIL: run the task again at once.
 pub const EXIT_REPEAT: i32 = 75;
@@ -78,7 +82,8 @@ pub struct CommandHandler {
     pub run: CommandSpec,
     pub pre: Option<CommandSpec>,
     pub post: Option<CommandSpec>,
-    /// The most stdout kept as a result.
+    /// The most stdout read as a result (the budget's `max_decompressed`);
+    /// more is cut, and the result is a `truncated` marker.
     pub max_output: usize,
 }
 
@@ -87,34 +92,218 @@ pub struct CommandHandler {
 pub struct Finished {
     pub code: Option<i32>,
     pub signal: Option<i32>,
+    /// stdout, at most `max_output` bytes; when more came, only its first
+    /// [`budget::RESULT_HEAD`] bytes (all a truncated result keeps).
     pub stdout: Vec<u8>,
+    /// More than `max_output` bytes came on stdout.
+    pub stdout_cut: bool,
     pub stderr_tail: Vec<u8>,
     pub timed_out: bool,
 }
 
-fn read_capped(mut r: impl Read, cap: usize, keep_tail: bool) -> Vec<u8> {
-    let mut out = Vec::new();
-    let mut buf = [0u8; 8192];
-    loop {
-        match r.read(&mut buf) {
-            Ok(0) | Err(_) => return out,
-            Ok(n) => {
-                out.extend_from_slice(&buf[..n]);
-                if out.len() > cap {
-                    if keep_tail {
-                        let cut = out.len() - cap;
-                        out.drain(..cut);
-                    } else {
-                        out.truncate(cap);
-                        // Keep draining so the child never blocks on a full pipe.
+/// How long a pipe is still read after the direct child has exited, when a
+/// process it left behind (even in another session) keeps the pipe open.
+pub const DRAIN: Duration = Duration::from_millis(200);
+/// How long to wait for a killed child to be reapable before leaving it to
+/// a reaper thread (a process in uninterruptible sleep dies only later).
+const KILL_WAIT: Duration = Duration::from_secs(2);
+/// Without a pidfd (Linux before 5.3), how often the child is checked.
+const TICK: Duration = Duration::from_millis(20);
+/// The most bytes read from one pipe before the deadlines are checked again.
+const READ_ROUND: usize = 1 << 20;
+
+/// One of the child's output pipes (our end, non-blocking).
+struct OutPipe {
+    /// None once it reached EOF or failed.
+    file: Option<File>,
+    data: Vec<u8>,
+    cap: usize,
+    /// Keep the last `cap` bytes (stderr) instead of the first (stdout).
+    tail: bool,
+    /// What a head-kept pipe keeps once more than `cap` bytes came.
+    keep_when_cut: usize,
+    cut: bool,
+}
+
+impl OutPipe {
+    fn new(file: Option<File>, cap: usize, tail: bool, keep_when_cut: usize) -> Self {
+        OutPipe {
+            file,
+            data: Vec::new(),
+            cap,
+            tail,
+            keep_when_cut,
+            cut: false,
+        }
+    }
+
+    fn keep(&mut self, chunk: &[u8]) {
+        if self.tail {
+            self.data.extend_from_slice(chunk);
+            if self.data.len() > self.cap {
+                let extra = self.data.len() - self.cap;
+                self.data.drain(..extra);
+            }
+        } else if !self.cut {
+            self.data.extend_from_slice(chunk);
+            if self.data.len() > self.cap {
+                self.cut = true;
+                self.data.truncate(self.keep_when_cut.min(self.cap));
+                self.data.shrink_to_fit();
+            }
+        }
+        // A cut head-kept pipe is still drained, so the child never blocks on it.
+    }
+
+    /// Reads what is there now, up to [`READ_ROUND`] bytes.
+    fn read_ready(&mut self, buf: &mut [u8]) {
+        let mut read = 0;
+        while let Some(f) = self.file.as_mut() {
+            match f.read(buf) {
+                Ok(0) => self.file = None,
+                Ok(n) => {
+                    self.keep(&buf[..n]);
+                    read += n;
+                    if read >= READ_ROUND {
+                        return;
                     }
                 }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(_) => self.file = None,
             }
         }
     }
 }
 
+/// The child's stdin (our end, non-blocking) and what is left to write.
+struct InPipe {
+    file: Option<File>,
+    data: Vec<u8>,
+    written: usize,
+}
+
+impl InPipe {
+    /// Writes what the pipe takes now; closes it when all is written (or
+    /// the child closed its end).
+    fn write_ready(&mut self) {
+        while let Some(f) = self.file.as_mut() {
+            if self.written >= self.data.len() {
+                self.file = None;
+                return;
+            }
+            match f.write(&self.data[self.written..]) {
+                Ok(n) => self.written += n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(_) => self.file = None,
+            }
+        }
+    }
+}
+
+/// Our end of a child's pipe as a non-blocking file.
+fn nonblocking(fd: impl Into<OwnedFd>) -> Option<File> {
+    let fd: OwnedFd = fd.into();
+    // SAFETY: fcntl(2) on a descriptor we own.
+    let ok = unsafe {
+        let flags = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
+        flags >= 0 && libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) >= 0
+    };
+    ok.then(|| File::from(fd))
+}
+
+/// A pidfd for `pid` (readable once it exits), if the kernel has them.
+fn pidfd(pid: i32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open(2) returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: the descriptor was just returned to us and is owned by nobody else.
+    Some(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Whether our child `pid` has exited, without reaping it: until it is
+/// reaped its pid (and so its process group id) cannot be reused, so
+/// killing the group stays safe.
+fn has_exited(pid: i32) -> bool {
+    // SAFETY: waitid(2) with WNOWAIT only looks; siginfo_t is plain data.
+    unsafe {
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        let r = libc::waitid(
+            libc::P_PID,
+            pid as libc::id_t,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        );
+        // ECHILD: already reaped (not by us, but gone either way).
+        (r == 0 && info.si_pid() == pid)
+            || (r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD))
+    }
+}
+
+/// Waits up to `limit` for `pid` to exit (polling its pidfd, else ticking).
+fn wait_exit(pid: i32, pidfd: Option<&OwnedFd>, limit: Duration) -> bool {
+    let end = Instant::now() + limit;
+    loop {
+        if has_exited(pid) {
+            return true;
+        }
+        let now = Instant::now();
+        if now >= end {
+            return false;
+        }
+        let mut wait = end - now;
+        let mut fds = Vec::new();
+        match pidfd {
+            Some(fd) => fds.push(pollfd(fd.as_raw_fd(), libc::POLLIN)),
+            None => wait = wait.min(TICK),
+        }
+        poll(&mut fds, wait);
+    }
+}
+
+fn pollfd(fd: i32, events: i16) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    }
+}
+
+/// poll(2) for at most `wait` (rounded up to whole milliseconds).
+fn poll(fds: &mut [libc::pollfd], wait: Duration) {
+    let ms = wait.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+    // SAFETY: fds is a valid, exclusively borrowed array of pollfd.
+    let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    if r < 0 && std::io::Error::last_os_error().kind() != ErrorKind::Interrupted {
+        // Cannot happen with valid arguments; never spin if it does.
+        std::thread::sleep(TICK);
+    }
+}
+
+fn kill_group(pgid: i32) {
+    // SAFETY: kill(2) on the process group of our own child, which we have
+    // not reaped yet, so the id still names that group.
+    unsafe {
+        libc::kill(-pgid, libc::SIGKILL);
+    }
+}
+
 /// Runs `spec` for `ctx`, feeding `stdin`.
+///
+/// One loop polls stdin, stdout and stderr (non-blocking) and the child's
+/// exit, so the timeout bounds the whole attempt whatever the handler's
+/// descendants do with the pipes. The attempt ends
+/// - when the direct child has exited and both output pipes reached EOF;
+/// - or [`DRAIN`] after the direct child exited (at the latest at the
+///   timeout), when something it left behind still holds a pipe: the exit
+///   status counts, and the output read so far is the output;
+/// - or at the timeout: the process group is killed and reading stops.
+///
+/// Then whatever is left in the process group is killed and our pipe ends
+/// are closed; no thread is left waiting on the handler's pipes.
 pub fn run_command(
     spec: &CommandSpec,
     ctx: &TaskContext,
@@ -152,56 +341,107 @@ pub fn run_command(
         .spawn()
         .map_err(|e| format!("cannot start {prog}: {e}"))?;
     let pid = child.id() as i32;
-    let _running = Running::new(pid);
-    let mut input = child.stdin.take();
-    let body = stdin.to_vec();
-    let writer = std::thread::spawn(move || {
-        if let Some(i) = input.as_mut() {
-            let _ = i.write_all(&body);
-        }
-    });
-    let out = child.stdout.take();
-    let err = child.stderr.take();
-    let out_t = std::thread::spawn(move || {
-        out.map(|o| read_capped(o, max_output, false))
-            .unwrap_or_default()
-    });
-    let err_t = std::thread::spawn(move || {
-        err.map(|e| read_capped(e, STDERR_KEEP, true))
-            .unwrap_or_default()
-    });
-    let (tx, rx) = mpsc::channel();
-    let waiter = std::thread::spawn(move || {
-        let _ = tx.send(child.wait());
-    });
-    let (status, timed_out) = match rx.recv_timeout(spec.timeout) {
-        Ok(s) => (s, false),
-        Err(_) => {
-            // SAFETY: kill(2) on our own child's process group.
-            unsafe {
-                libc::kill(-pid, libc::SIGKILL);
-            }
-            (
-                rx.recv()
-                    .unwrap_or_else(|_| Err(std::io::Error::other("lost the child"))),
-                true,
-            )
-        }
+    let running = Running::new(pid);
+    let deadline = Instant::now() + spec.timeout;
+    let pidfd = pidfd(pid);
+    let mut input = InPipe {
+        file: child.stdin.take().and_then(nonblocking),
+        data: stdin.to_vec(),
+        written: 0,
     };
-    let _ = waiter.join();
-    // Grandchildren may hold the pipes open: kill the group before reading to the end.
-    unsafe {
-        libc::kill(-pid, libc::SIGKILL);
+    let mut out = OutPipe::new(
+        child.stdout.take().and_then(nonblocking),
+        max_output,
+        false,
+        budget::RESULT_HEAD,
+    );
+    let mut err = OutPipe::new(
+        child.stderr.take().and_then(nonblocking),
+        STDERR_KEEP,
+        true,
+        0,
+    );
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut exited_at: Option<Instant> = None;
+    let mut timed_out = false;
+    loop {
+        input.write_ready();
+        out.read_ready(&mut buf);
+        err.read_ready(&mut buf);
+        if exited_at.is_none() && has_exited(pid) {
+            exited_at = Some(Instant::now());
+        }
+        let now = Instant::now();
+        let until = match exited_at {
+            Some(at) => {
+                // The drain never outlasts the timeout.
+                let end = (at + DRAIN).min(deadline.max(at));
+                if (out.file.is_none() && err.file.is_none()) || now >= end {
+                    break;
+                }
+                end
+            }
+            None => {
+                if now >= deadline {
+                    timed_out = true;
+                    break;
+                }
+                deadline
+            }
+        };
+        let mut wait = until - now;
+        let mut fds = Vec::with_capacity(4);
+        if let Some(f) = &input.file {
+            fds.push(pollfd(f.as_raw_fd(), libc::POLLOUT));
+        }
+        for p in [&out, &err] {
+            if let Some(f) = &p.file {
+                fds.push(pollfd(f.as_raw_fd(), libc::POLLIN));
+            }
+        }
+        if exited_at.is_none() {
+            match &pidfd {
+                Some(fd) => fds.push(pollfd(fd.as_raw_fd(), libc::POLLIN)),
+                None => wait = wait.min(TICK),
+            }
+        }
+        poll(&mut fds, wait);
     }
-    let _ = writer.join();
-    let stdout = out_t.join().unwrap_or_default();
-    let stderr_tail = err_t.join().unwrap_or_default();
-    let status = status.map_err(|e| format!("waiting for {prog}: {e}"))?;
+    // Close our pipe ends: nothing more is read or written.
+    drop(input);
+    out.file = None;
+    err.file = None;
+    // Whatever is left in the group (it may hold the pipes) dies now, and on
+    // a timeout the child with it. The child is not reaped yet, so the group
+    // id cannot have been reused.
+    kill_group(pid);
+    let (code, signal) = if exited_at.is_some() || wait_exit(pid, pidfd.as_ref(), KILL_WAIT) {
+        let status = child
+            .wait()
+            .map_err(|e| format!("waiting for {prog}: {e}"))?;
+        (status.code(), status.signal())
+    } else {
+        // Killed but not dying yet (uninterruptible sleep): a thread reaps it
+        // whenever it goes; the attempt ends now.
+        log::warn!("handler process {pid} ({prog}) did not die after SIGKILL; reaping it later");
+        let reaper = std::thread::Builder::new().name("berth-reaper".into());
+        if reaper
+            .spawn(move || {
+                let _ = child.wait();
+            })
+            .is_err()
+        {
+            log::error!("cannot start a reaper thread for process {pid}");
+        }
+        (None, Some(libc::SIGKILL))
+    };
+    drop(running);
     Ok(Finished {
-        code: status.code(),
-        signal: status.signal(),
-        stdout,
-        stderr_tail,
+        code,
+        signal,
+        stdout: out.data,
+        stdout_cut: out.cut,
+        stderr_tail: err.data,
         timed_out,
     })
 }
@@ -254,6 +494,23 @@ impl Handler for CommandHandler {
             ));
         }
         match f.code {
+            Some(0) if f.stdout_cut => {
+                // Only the head was kept; a character cut at its end is dropped.
+                let head = match std::str::from_utf8(&f.stdout) {
+                    Err(e) if e.error_len().is_none() => &f.stdout[..e.valid_up_to()],
+                    _ => &f.stdout[..],
+                };
+                Outcome {
+                    output: Some(serde_json::Value::String(
+                        String::from_utf8_lossy(head).trim().to_string(),
+                    )),
+                    output_cut: Some(format!(
+                        "stdout is over the {} read limit",
+                        format_size(self.max_output as u64)
+                    )),
+                    ..Outcome::success()
+                }
+            }
             Some(0) => {
                 let text = String::from_utf8_lossy(&f.stdout);
                 let trimmed = text.trim();

@@ -28,11 +28,16 @@ pub struct TaskContext {
 pub enum RunResult {
     Success,
     Fail(String),
-    /// Run again at once; not counted as a failure.
+    /// Run again; not counted as a failure. At once if the attempt ran for
+    /// at least [`REPEAT_INTERVAL`], else that long after it started.
     Repeat,
     /// Stay at the head and run again after a delay; not a failure.
     Keep,
 }
+
+/// A task that repeats starts at most once per this interval, so a handler
+/// that always asks to repeat cannot grow the log faster than that.
+pub const REPEAT_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Where a follow-up task goes in the current task's queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,8 +57,13 @@ pub struct FollowUp {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Outcome {
     pub result: RunResult,
-    /// Stored as the task's result (JSON).
+    /// Stored as the task's result (JSON), within the object size budget
+    /// (see [`crate::budget::Budget::result_blob`]).
     pub output: Option<serde_json::Value>,
+    /// Set when the handler could keep only the start of its output (for a
+    /// command, stdout over its read limit): why. `output` is then that
+    /// start, and the stored result is a `truncated` marker.
+    pub output_cut: Option<String>,
     /// Tasks to add (applied unless the run failed).
     pub follow_ups: Vec<FollowUp>,
     /// The queue sleeps this long before its next task (or, with Keep, before
@@ -66,6 +76,7 @@ impl Outcome {
         Outcome {
             result,
             output: None,
+            output_cut: None,
             follow_ups: Vec::new(),
             delay: None,
         }

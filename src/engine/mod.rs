@@ -24,7 +24,9 @@ use crate::store::{Placement, Store, WriteError};
 use crate::submit::{self, EnqueueError};
 use crate::task::TaskSpec;
 
-pub use handler::{FollowUp, FollowUpAt, Handler, Handlers, Outcome, RunResult, TaskContext};
+pub use handler::{
+    FollowUp, FollowUpAt, Handler, Handlers, Outcome, REPEAT_INTERVAL, RunResult, TaskContext,
+};
 pub use pool::Pool;
 pub use scheduler::Tally;
 use scheduler::{Msg, Scheduler, StepEnv};

@@ -5,7 +5,8 @@
 //! pool before the write that records its start is durable.
 //!
 //! Invariants kept here: a queue runs at most its head task; a failed head
-//! stays at the head until its retry time; a group parent's queue waits for
+//! stays at the head until its retry time; a repeating head starts at most
+//! once per `REPEAT_INTERVAL`; a group parent's queue waits for
 //! every child; a finished task leaves its queue in the same write that
 //! records how it finished.
 
@@ -14,11 +15,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crossbeam_channel::Sender;
-use serde_json::json;
 
-use crate::budget::{Blob, Budget};
+use crate::budget::Budget;
 use crate::engine::EngineConfig;
-use crate::engine::handler::{FollowUpAt, Handlers, Outcome, RunResult, TaskContext, run_attempt};
+use crate::engine::handler::{
+    FollowUpAt, Handlers, Outcome, REPEAT_INTERVAL, RunResult, TaskContext, run_attempt,
+};
 use crate::engine::pool::Job;
 use crate::engine::status::QueueActivity;
 use crate::groups;
@@ -100,26 +102,6 @@ pub struct StepEnv<'a> {
     pub handlers: &'a Arc<Handlers>,
     pub budget: &'a Budget,
     pub tx: &'a Sender<Msg>,
-}
-
-/// How much of an over-budget result is kept, as text, beside the marker.
-const RESULT_HEAD: usize = 64 * 1024;
-
-fn result_blob(output: &Option<serde_json::Value>, budget: &Budget) -> Option<Blob> {
-    let v = output.as_ref()?;
-    Some(Blob::from_json("result", v, budget).unwrap_or_else(|e| {
-        // Over the budget even compressed: keep its head and say so.
-        let text = match v {
-            serde_json::Value::String(s) => s.clone(),
-            other => other.to_string(),
-        };
-        let mut cut = RESULT_HEAD.min(text.len());
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        let marker = json!({"truncated": true, "reason": e.to_string(), "head": &text[..cut]});
-        Blob::from_json("result", &marker, budget).unwrap_or_default()
-    }))
 }
 
 impl Scheduler {
@@ -261,7 +243,11 @@ impl Scheduler {
         let delay_ms = outcome.delay.map(|d| d.as_millis() as u64);
         match outcome.result {
             RunResult::Success => {
-                w.succeed(task.id, result_blob(&outcome.output, env.budget))?;
+                let result = outcome
+                    .output
+                    .as_ref()
+                    .and_then(|v| env.budget.result_blob(v, outcome.output_cut.as_deref()));
+                w.succeed(task.id, result)?;
                 w.to_history(task.id, Status::Succeeded)?;
                 self.tally.succeeded += 1;
                 if let Some(d) = delay_ms {
@@ -295,7 +281,15 @@ impl Scheduler {
             }
             RunResult::Repeat => {
                 w.requeue(task.id, None)?;
-                self.queue(&task.queue).activity_after = Some(QueueActivity::Repeat);
+                // Throttled: the next start comes at least REPEAT_INTERVAL
+                // after this one (at once if the attempt took that long).
+                let started = task.started_at.unwrap_or(now);
+                let ready = started.saturating_add(REPEAT_INTERVAL.as_millis() as u64);
+                let q = self.queue(&task.queue);
+                q.activity_after = Some(QueueActivity::Repeat);
+                if ready > now {
+                    q.sleep_until = ready;
+                }
             }
             RunResult::Keep => {
                 let d = delay_ms.unwrap_or(env.config.keep_delay.as_millis() as u64);

@@ -17,7 +17,8 @@ pub enum QueueActivity {
     SleepAfterFail { until_ms: u64, total_ms: u64 },
     /// The queue waits before its next run (a handler's delay, Keep).
     Sleep { total_ms: u64 },
-    /// The head asked to run again at once.
+    /// The head asked to run again; it waits for a worker, or for the
+    /// repeat interval since its last start.
     Repeat,
     /// The engine is stopping.
     Stop,
