@@ -47,7 +47,10 @@ pub enum Request {
     EnqueueBatch {
         tasks: Vec<TaskSpec>,
     },
-    QueueList,
+    /// A struct variant, not a unit one: serde's `deny_unknown_fields`
+    /// does not reach unit variants of an internally tagged enum, so
+    /// `{"op":"queue_list","bogus":1}` would be accepted.
+    QueueList {},
     TaskShow {
         id: u64,
     },
@@ -172,7 +175,7 @@ pub fn handle(engine: &Engine, req: Request) -> Response {
                 .map(|id| vec![id]),
         ),
         Request::EnqueueBatch { tasks } => enqueued(engine.enqueue_batch(tasks)),
-        Request::QueueList => Response::ok(views_to_json(&engine.queue_views())),
+        Request::QueueList {} => Response::ok(views_to_json(&engine.queue_views())),
         Request::TaskShow { id } => match store.task(id) {
             Ok(Some(t)) => Response::ok(report::task_json(&t, store.budget())),
             Ok(None) => Response::err(CODE_RUNTIME, format!("no task {id}")),
@@ -330,4 +333,40 @@ pub fn call(data_dir: &Path, req: &Request) -> Result<Response, Option<String>> 
         .map_err(|e| Some(format!("reading the daemon's answer: {e}")))?;
     serde_json::from_slice(&answer)
         .map_err(|e| Some(format!("the daemon's answer is malformed: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_request_refuses_unknown_fields() {
+        let spec = r#"{"queue":"main","kind":"K","name":"n"}"#;
+        let good = [
+            r#"{"op":"queue_list"}"#.to_string(),
+            format!(r#"{{"op":"enqueue","spec":{spec}}}"#),
+            format!(r#"{{"op":"enqueue_batch","tasks":[{spec}]}}"#),
+            r#"{"op":"task_show","id":1}"#.to_string(),
+            r#"{"op":"task_remove","id":1}"#.to_string(),
+            r#"{"op":"task_retry","id":1}"#.to_string(),
+        ];
+        for line in &good {
+            assert!(parse_request(line.as_bytes()).is_ok(), "{line}");
+            let bad = format!(r#"{},"bogus":1}}"#, &line[..line.len() - 1]);
+            match parse_request(bad.as_bytes()) {
+                Ok(r) => panic!("{bad} was accepted as {r:?}"),
+                Err(resp) => {
+                    let e = resp.error.expect("an error response");
+                    assert_eq!(e.code, CODE_INPUT, "{bad}");
+                    assert!(e.message.contains("unknown field `bogus`"), "{bad}: {e:?}");
+                }
+            }
+        }
+        assert_eq!(
+            serde_json::to_string(&Request::QueueList {})
+                .ok()
+                .as_deref(),
+            Some(r#"{"op":"queue_list"}"#)
+        );
+    }
 }

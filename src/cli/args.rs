@@ -25,7 +25,7 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run the engine as a daemon (until SIGTERM/SIGINT, or until idle).
+    /// Run the engine as a daemon (until SIGTERM/SIGINT/SIGHUP, or until idle).
     Run(RunArgs),
     /// Add a task, or a batch of tasks from a JSON file.
     Enqueue(Box<EnqueueArgs>),

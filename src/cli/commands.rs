@@ -195,7 +195,7 @@ fn empty_views() -> Vec<QueueView> {
 }
 
 fn queue_list(dir: &Path, output: Format, show_empty: bool, prefix: &str) -> Result<(), CliError> {
-    let queues = match via_daemon(dir, &Request::QueueList)? {
+    let queues = match via_daemon(dir, &Request::QueueList {})? {
         Some(v) => control::views_from_json(&v).map_err(CliError::runtime)?,
         None => match open_for_read(dir)? {
             Some(s) => report::snapshot(&s, 10, &|_| String::new()),
