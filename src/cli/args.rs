@@ -19,6 +19,17 @@ pub struct Cli {
         default_value = "berth-data"
     )]
     pub data_dir: PathBuf,
+    /// How long a command waits for a running daemon to answer (connecting,
+    /// sending and reading, all told; e.g. 30s, 500ms), before it gives up
+    /// with exit code 1.
+    #[arg(
+        long,
+        global = true,
+        env = "BERTH_TIMEOUT",
+        default_value = "30s",
+        value_parser = parse_timeout
+    )]
+    pub timeout: std::time::Duration,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -133,6 +144,14 @@ fn parse_interval(s: &str) -> Result<std::time::Duration, String> {
     let d = berth::units::parse_duration(s)?;
     if d < std::time::Duration::from_millis(50) {
         return Err("the interval must be at least 50ms".into());
+    }
+    Ok(d)
+}
+
+fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {
+    let d = berth::units::parse_duration(s)?;
+    if d.is_zero() {
+        return Err("the timeout must be more than 0".into());
     }
     Ok(d)
 }
