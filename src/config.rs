@@ -10,7 +10,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::backoff::Backoff;
-use crate::budget::Budget;
+use crate::budget::{Budget, MAX_OBJECT_CEILING};
 use crate::engine::EngineConfig;
 use crate::engine::command::{CommandHandler, CommandSpec};
 use crate::store::Durability;
@@ -18,7 +18,7 @@ use crate::task::check_name;
 use crate::units::{parse_duration, parse_size};
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a table of keys")]
 struct Raw {
     data_dir: Option<Spanned<String>>,
     node: Option<Spanned<String>>,
@@ -38,7 +38,7 @@ struct Raw {
 }
 
 #[derive(Debug, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a [retry] table")]
 struct RawRetry {
     initial: Option<Spanned<String>>,
     max: Option<Spanned<String>>,
@@ -46,7 +46,7 @@ struct RawRetry {
 }
 
 #[derive(Debug, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a [budget] table")]
 struct RawBudget {
     compress_over: Option<Spanned<String>>,
     max_object: Option<Spanned<String>>,
@@ -54,11 +54,11 @@ struct RawBudget {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a [handlers.KIND] table")]
 struct RawHandler {
-    command: Vec<String>,
-    pre: Option<Vec<String>>,
-    post: Option<Vec<String>>,
+    command: Spanned<Vec<String>>,
+    pre: Option<Spanned<Vec<String>>>,
+    post: Option<Spanned<Vec<String>>>,
     timeout: Option<Spanned<String>>,
     cwd: Option<String>,
     #[serde(default)]
@@ -99,16 +99,42 @@ impl Ctx<'_> {
         key: &str,
         what: impl std::fmt::Display,
     ) -> ConfigError {
-        let line = span.map(|s| {
-            self.text[..s.start.min(self.text.len())]
-                .matches('\n')
-                .count()
-                + 1
-        });
+        self.err_at(span, Some(key), what)
+    }
+    /// Reads the TOML into [`Raw`]. A syntax error names its line; a
+    /// type error, an unknown or a missing key also names the key, by the
+    /// path serde took to it.
+    fn deserialize(&self) -> Result<Raw, ConfigError> {
+        let de = toml::Deserializer::parse(self.text)
+            .map_err(|e| self.err_at(e.span(), None, e.message()))?;
+        serde_path_to_error::deserialize(de).map_err(|e| {
+            let key = key_of(e.path());
+            let inner = e.into_inner();
+            self.err_at(inner.span(), key.as_deref(), inner.message())
+        })
+    }
+    fn line_of(&self, span: &std::ops::Range<usize>) -> usize {
+        let end = span.start.min(self.text.len());
+        self.text.as_bytes()[..end]
+            .iter()
+            .filter(|b| **b == b'\n')
+            .count()
+            + 1
+    }
+    /// An error at `span`: under `key` when there is one.
+    fn err_at(
+        &self,
+        span: Option<std::ops::Range<usize>>,
+        key: Option<&str>,
+        what: impl std::fmt::Display,
+    ) -> ConfigError {
         ConfigError {
             path: self.path.to_path_buf(),
-            line,
-            message: format!("key {key}: {what}"),
+            line: span.map(|s| self.line_of(&s)),
+            message: match key {
+                Some(k) => format!("key {k}: {what}"),
+                None => what.to_string(),
+            },
         }
     }
     fn duration(
@@ -135,6 +161,32 @@ impl Ctx<'_> {
                 .map_err(|e| self.err(Some(s.span()), key, e)),
         }
     }
+}
+
+/// The dotted key serde was reading when it failed (`retry.max_attempts`,
+/// `handlers.Run.timeout`), without the private fields of `toml::Spanned`.
+/// None at the top level, where no key was being read.
+fn key_of(path: &serde_path_to_error::Path) -> Option<String> {
+    use serde_path_to_error::Segment;
+    let mut key = String::new();
+    for seg in path.iter() {
+        match seg {
+            Segment::Map { key: k } if k.starts_with("$__serde_spanned") => {}
+            Segment::Map { key: k } | Segment::Enum { variant: k } => {
+                if !key.is_empty() {
+                    key.push('.');
+                }
+                key.push_str(k);
+            }
+            Segment::Seq { index } => key.push_str(&format!("[{index}]")),
+            Segment::Unknown => {}
+        }
+    }
+    (!key.is_empty()).then_some(key)
+}
+
+fn spanned(v: &Option<Spanned<String>>) -> Option<std::ops::Range<usize>> {
+    v.as_ref().map(|s| s.span())
 }
 
 fn resolve(base: &Path, p: &str) -> PathBuf {
@@ -175,11 +227,7 @@ impl Config {
     /// Parses config text read from `path`.
     pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         let cx = Ctx { path, text };
-        let raw: Raw = toml::from_str(text).map_err(|e| {
-            let key = e.message().to_string();
-            cx.err(e.span(), "", key)
-                .with_message(|m| m.trim_start_matches("key : ").to_string())
-        })?;
+        let raw = cx.deserialize()?;
         let base = path
             .parent()
             .map(|p| {
@@ -238,7 +286,19 @@ impl Config {
                 d.max_decompressed,
             )?,
         };
-        budget.validate().map_err(|e| cx.err(None, "budget", e))?;
+        if let Err(m) = budget.validate() {
+            // Blame the key the failed check is about.
+            let b = &raw.budget;
+            let (key, span) = if budget.max_object == 0 || budget.max_object > MAX_OBJECT_CEILING {
+                ("budget.max_object", spanned(&b.max_object))
+            } else {
+                (
+                    "budget.max_decompressed",
+                    spanned(&b.max_decompressed).or(spanned(&b.max_object)),
+                )
+            };
+            return Err(cx.err(span, key, m));
+        }
         let b = Backoff::default();
         let backoff = Backoff {
             initial: cx.duration(&raw.retry.initial, "retry.initial", b.initial)?,
@@ -257,10 +317,20 @@ impl Config {
             node: raw.node.as_ref().map(|s| s.get_ref().clone()),
             ..e
         };
-        engine.validate().map_err(|m| {
-            let span = raw.parallel_queues.as_ref().map(|s| s.span());
-            cx.err(span, "parallel_queues/workers/retry", m)
-        })?;
+        if let Err(m) = engine.validate() {
+            let (key, span) = if !(1..=1000).contains(&engine.parallel_queues) {
+                (
+                    "parallel_queues",
+                    raw.parallel_queues.as_ref().map(|s| s.span()),
+                )
+            } else if engine.workers > 4096 {
+                ("workers", raw.workers.as_ref().map(|s| s.span()))
+            } else {
+                let r = &raw.retry;
+                ("retry.initial", spanned(&r.initial).or(spanned(&r.max)))
+            };
+            return Err(cx.err(span, key, m));
+        }
         let mut handlers = BTreeMap::new();
         for (kind, h) in &raw.handlers {
             let key = format!("handlers.{kind}");
@@ -272,21 +342,22 @@ impl Config {
                 Duration::from_secs(600),
             )?;
             let cwd = resolve(&base, hr.cwd.as_deref().unwrap_or("."));
-            let mk = |argv: &Vec<String>, name: &str| -> Result<CommandSpec, ConfigError> {
-                if argv.is_empty() {
-                    return Err(cx.err(
-                        Some(h.span()),
-                        &format!("{key}.{name}"),
-                        "the command must not be empty",
-                    ));
-                }
-                Ok(CommandSpec {
-                    argv: resolve_argv(&base, argv),
-                    cwd: cwd.clone(),
-                    env: hr.env.clone(),
-                    timeout,
-                })
-            };
+            let mk =
+                |argv: &Spanned<Vec<String>>, name: &str| -> Result<CommandSpec, ConfigError> {
+                    if argv.get_ref().is_empty() {
+                        return Err(cx.err(
+                            Some(argv.span()),
+                            &format!("{key}.{name}"),
+                            "the command must not be empty",
+                        ));
+                    }
+                    Ok(CommandSpec {
+                        argv: resolve_argv(&base, argv.get_ref()),
+                        cwd: cwd.clone(),
+                        env: hr.env.clone(),
+                        timeout,
+                    })
+                };
             handlers.insert(
                 kind.clone(),
                 CommandHandler {
@@ -307,13 +378,6 @@ impl Config {
             engine,
             handlers,
         })
-    }
-}
-
-impl ConfigError {
-    fn with_message(mut self, f: impl FnOnce(&str) -> String) -> Self {
-        self.message = f(&self.message);
-        self
     }
 }
 
@@ -386,10 +450,105 @@ env = { HELM_NAMESPACE = "d8" }
             "{e}"
         );
         let e = parse("[handlers.Run]\ncommand = []\n").unwrap_err();
-        assert!(
-            e.to_string()
-                .contains("key handlers.Run.command: the command must not be empty"),
-            "{e}"
+        assert_eq!(
+            e.to_string(),
+            "/etc/berth/berth.toml:2: key handlers.Run.command: the command must not be empty"
         );
+    }
+
+    /// Each case: the config text, and the start of its error after the file name.
+    fn assert_error(text: &str, expected: &str) {
+        let m = match parse(text) {
+            Ok(_) => panic!("{text:?} was accepted"),
+            Err(e) => e.to_string(),
+        };
+        let rest = m
+            .strip_prefix("/etc/berth/berth.toml:")
+            .unwrap_or_else(|| panic!("{text:?}: the error does not name the file: {m}"));
+        assert!(rest.starts_with(expected), "{text:?}: {m}");
+    }
+
+    #[test]
+    fn type_errors_name_the_line_and_the_key() {
+        assert_error(
+            "node = \"edge-1\"\nparallel_queues = \"ten\"\n",
+            "2: key parallel_queues: invalid type: string \"ten\", expected usize",
+        );
+        assert_error(
+            "workers = -1\n",
+            "1: key workers: invalid value: integer `-1`",
+        );
+        assert_error("grace = 5\n", "1: key grace: invalid type: integer `5`");
+        assert_error(
+            "tags = [\"a\", 3]\n",
+            "1: key tags[1]: invalid type: integer `3`",
+        );
+        // Nested tables: the whole dotted path.
+        assert_error(
+            "node = \"a\"\n[retry]\ninitial = \"1s\"\nmax_attempts = \"x\"\n",
+            "4: key retry.max_attempts: invalid type: string \"x\", expected u32",
+        );
+        assert_error(
+            "[handlers.X]\ncommand = [\"a\"]\ntimeout = 5\n",
+            "3: key handlers.X.timeout: invalid type: integer `5`, expected a string",
+        );
+        assert_error(
+            "[handlers.X]\ncommand = [\"a\", 3]\n",
+            "2: key handlers.X.command[1]: invalid type: integer `3`",
+        );
+        assert_error(
+            "[handlers.X]\ncommand = [\"a\"]\nenv = { A = 1 }\n",
+            "3: key handlers.X.env.A: invalid type: integer `1`",
+        );
+        assert_error(
+            "handlers.X.command = 5\n",
+            "1: key handlers.X.command: invalid type: integer `5`, expected a sequence",
+        );
+        assert_error(
+            "retry = 3\n",
+            "1: key retry: invalid type: integer `3`, expected a [retry] table",
+        );
+        assert_error(
+            "[handlers]\nX = \"run.sh\"\n",
+            "2: key handlers.X: invalid type: string \"run.sh\", expected a [handlers.KIND] table",
+        );
+        assert_error(
+            "[budget]\nmax_object = 1024\n",
+            "2: key budget.max_object: invalid type: integer `1024`, expected a string",
+        );
+    }
+
+    #[test]
+    fn unknown_and_missing_keys_and_bad_values_name_the_key() {
+        assert_error(
+            "[retry]\nbogus = 1\n",
+            "2: key retry.bogus: unknown field `bogus`, expected one of `initial`",
+        );
+        assert_error(
+            "[handlers.X]\ntimeout = \"5s\"\n",
+            "1: key handlers.X: missing field `command`",
+        );
+        assert_error(
+            "parallel_queues = 0\n",
+            "1: key parallel_queues: parallel_queues must be between 1 and 1000",
+        );
+        assert_error(
+            "\nworkers = 5000\n",
+            "2: key workers: workers must be at most 4096",
+        );
+        assert_error(
+            "[retry]\ninitial = \"1m\"\n",
+            "2: key retry.initial: retry.initial must not be larger than retry.max",
+        );
+        assert_error(
+            "[budget]\nmax_object = \"100MiB\"\n",
+            "2: key budget.max_object: max_object must be between",
+        );
+        assert_error(
+            "[budget]\nmax_decompressed = \"1KiB\"\n",
+            "2: key budget.max_decompressed: max_decompressed must be at least max_object",
+        );
+        // A syntax error has no key to name; it names the line.
+        assert_error("node = \"a\"\nnode = = 1\n", "2: ");
     }
 }

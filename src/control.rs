@@ -2,14 +2,22 @@
 //! never TCP) through which CLI commands reach a running daemon. JSON
 //! lines: one request, one response. A malformed or oversized request gets
 //! an error response and the daemon keeps serving.
+//!
+//! No client can hold the daemon: connections are bounded ([`Limits`]),
+//! and so is the memory of unfinished requests, per connection and in
+//! total; idle connections and clients that do not read are closed after a
+//! while, accept errors back off, and a stop shuts every connection. The
+//! client side, [`call`], gives up after a timeout.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::collections::BTreeMap;
+use std::io::{ErrorKind, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -21,12 +29,18 @@ use crate::task::TaskSpec;
 
 /// The socket's file name in the data dir.
 pub const SOCKET: &str = "berth.sock";
+/// How long the CLI waits for a daemon's answer unless told otherwise
+/// (`--timeout`, `BERTH_TIMEOUT`).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// The largest request line accepted (a batch of tasks near the budget).
 pub const MAX_REQUEST: u64 = 64 << 20;
 
 /// Exit-code-like error classes carried in responses.
 pub const CODE_RUNTIME: i32 = 1;
 pub const CODE_INPUT: i32 = 2;
+/// The daemon is too busy to take the request (every connection taken, or
+/// the memory for unfinished requests used up); it did nothing with it.
+pub const CODE_BUSY: i32 = 3;
 
 pub fn socket_path(data_dir: &Path) -> PathBuf {
     data_dir.join(SOCKET)
@@ -47,7 +61,10 @@ pub enum Request {
     EnqueueBatch {
         tasks: Vec<TaskSpec>,
     },
-    QueueList,
+    /// A struct variant, not a unit one: serde's `deny_unknown_fields`
+    /// does not reach unit variants of an internally tagged enum, so
+    /// `{"op":"queue_list","bogus":1}` would be accepted.
+    QueueList {},
     TaskShow {
         id: u64,
     },
@@ -172,7 +189,7 @@ pub fn handle(engine: &Engine, req: Request) -> Response {
                 .map(|id| vec![id]),
         ),
         Request::EnqueueBatch { tasks } => enqueued(engine.enqueue_batch(tasks)),
-        Request::QueueList => Response::ok(views_to_json(&engine.queue_views())),
+        Request::QueueList {} => Response::ok(views_to_json(&engine.queue_views())),
         Request::TaskShow { id } => match store.task(id) {
             // Compressed blobs go compressed: the CLI inflates them, not the daemon.
             Ok(Some(t)) => Response::ok(report::task_wire(&t, store.budget())),
@@ -208,16 +225,212 @@ fn parse_request(line: &[u8]) -> Result<Request, Response> {
         .map_err(|e| Response::err(CODE_INPUT, format!("malformed request: {e}")))
 }
 
+/// The control socket's limits. [`Limits::default`] is what `berth run`
+/// uses; README.md ("The control socket") states each of them.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Connections served at once, one thread each. When all are taken, a
+    /// new connection takes the place of the one idle the longest; when none
+    /// is idle, it gets a busy error and is closed.
+    pub max_connections: usize,
+    /// The longest request line (without its newline).
+    pub max_request: usize,
+    /// Bytes of unfinished request lines held over all connections; a
+    /// request that would go past it gets a busy error.
+    pub request_budget: usize,
+    /// A connection is closed when no whole request arrives within this
+    /// long of its start or of its previous answer.
+    pub idle_timeout: Duration,
+    /// A connection is closed when an answer cannot be written within this
+    /// long (its client does not read).
+    pub write_timeout: Duration,
+    /// At a stop, how long connections may finish the request they have
+    /// before their sockets are shut.
+    pub stop_linger: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: 64,
+            max_request: MAX_REQUEST as usize,
+            request_budget: 2 * MAX_REQUEST as usize,
+            idle_timeout: Duration::from_secs(60),
+            write_timeout: Duration::from_secs(10),
+            stop_linger: Duration::from_secs(1),
+        }
+    }
+}
+
+/// How often the accept loop and the connection threads look at the stop
+/// flag and their deadlines.
+const TICK: Duration = Duration::from_millis(200);
+/// Accept errors (out of file descriptors, say) back off from the first
+/// delay, doubling up to the last, instead of spinning.
+const ACCEPT_BACKOFF_FIRST: Duration = Duration::from_millis(10);
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// How long a new connection waits for an evicted idle one to leave.
+const EVICT_WAIT: Duration = Duration::from_secs(1);
+/// The read buffer of a connection.
+const READ_CHUNK: usize = 16 << 10;
+
+/// One open connection, as the server sees it.
+struct Slot {
+    /// The connection's socket, to shut it from another thread; -1 until
+    /// its thread has started. The thread closes it only after it has
+    /// removed the slot (under the lock), so a shut never hits another file.
+    fd: RawFd,
+    /// Since when it waits for a request with nothing buffered (None while
+    /// it reads, handles or answers one, and before it starts).
+    idle_since: Option<Instant>,
+    /// It was shut to make room; its thread is leaving.
+    evicted: bool,
+}
+
+#[derive(Default)]
+struct Slots {
+    next_id: u64,
+    open: BTreeMap<u64, Slot>,
+}
+
+struct Shared {
+    limits: Limits,
+    stop: AtomicBool,
+    slots: Mutex<Slots>,
+    /// Signalled when a slot is freed and at a stop.
+    changed: Condvar,
+    /// Bytes of unfinished request lines, over all connections.
+    buffered: AtomicUsize,
+}
+
+impl Shared {
+    fn slots(&self) -> MutexGuard<'_, Slots> {
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    fn busy_message(&self) -> String {
+        format!(
+            "the daemon is serving {} connections; try again",
+            self.limits.max_connections
+        )
+    }
+
+    /// Takes a slot for a new connection, making room by closing the
+    /// connection idle the longest when all are taken. Err: none is free.
+    fn admit(&self) -> Result<u64, String> {
+        let deadline = Instant::now() + EVICT_WAIT;
+        let mut slots = self.slots();
+        loop {
+            if slots.open.len() < self.limits.max_connections {
+                let id = slots.next_id;
+                slots.next_id += 1;
+                slots.open.insert(
+                    id,
+                    Slot {
+                        fd: -1,
+                        idle_since: None,
+                        evicted: false,
+                    },
+                );
+                return Ok(id);
+            }
+            let leaving = slots.open.values().any(|s| s.evicted);
+            if !leaving && !evict_longest_idle(&mut slots) {
+                return Err(self.busy_message());
+            }
+            let now = Instant::now();
+            if now >= deadline || self.stopping() {
+                return Err(self.busy_message());
+            }
+            slots = self
+                .changed
+                .wait_timeout(slots, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// The connection's thread has started: its socket can be shut from
+    /// now on, and it waits for its first request.
+    fn register(&self, id: u64, fd: RawFd) {
+        let mut slots = self.slots();
+        if let Some(s) = slots.open.get_mut(&id) {
+            s.fd = fd;
+            s.idle_since = Some(Instant::now());
+            if self.stopping() {
+                shutdown(fd, libc::SHUT_RD);
+            }
+        }
+    }
+
+    fn set_idle(&self, id: u64, idle: bool) {
+        if let Some(s) = self.slots().open.get_mut(&id) {
+            s.idle_since = idle.then(Instant::now);
+        }
+    }
+
+    fn leave(&self, id: u64) {
+        self.slots().open.remove(&id);
+        self.changed.notify_all();
+    }
+
+    /// Waits `d`, or less if the server stops meanwhile.
+    fn pause(&self, d: Duration) {
+        let slots = self.slots();
+        if !self.stopping() {
+            let _ = self.changed.wait_timeout(slots, d);
+        }
+    }
+}
+
+/// Shuts the read side of the connection idle the longest: its thread
+/// answers what it has already received and leaves, and its client's next
+/// write fails. False if no connection is idle.
+fn evict_longest_idle(slots: &mut Slots) -> bool {
+    let victim = slots
+        .open
+        .values_mut()
+        .filter(|s| !s.evicted && s.fd >= 0)
+        .filter_map(|s| s.idle_since.map(|t| (t, s)))
+        .min_by_key(|(t, _)| *t);
+    match victim {
+        Some((_, s)) => {
+            s.evicted = true;
+            shutdown(s.fd, libc::SHUT_RD);
+            true
+        }
+        None => false,
+    }
+}
+
+/// Shuts one or both directions of a connection's socket (see [`Slot::fd`]).
+fn shutdown(fd: RawFd, how: libc::c_int) {
+    if fd >= 0 {
+        // SAFETY: the caller holds the slots lock and `fd` is a slot's: its
+        // thread closes it only after removing the slot under that lock.
+        unsafe { libc::shutdown(fd, how) };
+    }
+}
+
 /// A running socket server.
 pub struct Server {
     path: PathBuf,
-    stop: Arc<AtomicBool>,
+    shared: Arc<Shared>,
 }
 
 impl Server {
     /// Binds `DIR/berth.sock` (replacing a stale one: the caller holds the
-    /// data dir lock) with mode 0600.
+    /// data dir lock) with mode 0600, with the default [`Limits`].
     pub fn bind(data_dir: &Path) -> std::io::Result<(Server, UnixListener)> {
+        Self::bind_with(data_dir, Limits::default())
+    }
+
+    /// [`Server::bind`] with other limits.
+    pub fn bind_with(data_dir: &Path, limits: Limits) -> std::io::Result<(Server, UnixListener)> {
         let path = socket_path(data_dir);
         let _ = std::fs::remove_file(&path);
         // Created private (umask 077) so nobody can connect before the chmod.
@@ -227,108 +440,890 @@ impl Server {
         unsafe { libc::umask(old) };
         let listener = bound?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+        // Accept polls, so that a stop is seen even when nobody connects.
+        listener.set_nonblocking(true)?;
         Ok((
             Server {
                 path,
-                stop: Arc::new(AtomicBool::new(false)),
+                shared: Arc::new(Shared {
+                    limits,
+                    stop: AtomicBool::new(false),
+                    slots: Mutex::new(Slots::default()),
+                    changed: Condvar::new(),
+                    buffered: AtomicUsize::new(0),
+                }),
             },
             listener,
         ))
     }
 
-    /// Serves connections until [`Server::stop`]; run it on its own (scoped) thread.
+    /// Connections open now.
+    pub fn connections(&self) -> usize {
+        self.shared.slots().open.len()
+    }
+
+    /// Bytes of unfinished request lines held now, over all connections.
+    pub fn buffered(&self) -> usize {
+        self.shared.buffered.load(Ordering::SeqCst)
+    }
+
+    /// Serves connections until [`Server::stop`]; run it on its own (scoped)
+    /// thread. Each connection gets a (scoped) thread of its own, at most
+    /// `max_connections` at once.
     pub fn serve<'s>(
         &self,
         scope: &'s std::thread::Scope<'s, '_>,
         listener: UnixListener,
         engine: &'s Engine,
     ) {
-        for conn in listener.incoming() {
-            if self.stop.load(Ordering::SeqCst) {
-                break;
+        let mut backoff: Option<Duration> = None;
+        let mut refused = 0u64;
+        let mut last_refusal_log: Option<Instant> = None;
+        while !self.shared.stopping() {
+            let stream = match listener.accept() {
+                Ok((s, _)) => {
+                    backoff = None;
+                    s
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    wait_readable(&listener, TICK);
+                    continue;
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        ErrorKind::Interrupted | ErrorKind::ConnectionAborted
+                    ) =>
+                {
+                    continue;
+                }
+                Err(e) => {
+                    // Out of file descriptors (EMFILE, ENFILE) or memory:
+                    // back off instead of spinning, and when it is file
+                    // descriptors, give one back by closing an idle connection.
+                    let delay =
+                        backoff.map_or(ACCEPT_BACKOFF_FIRST, |d| (d * 2).min(ACCEPT_BACKOFF_MAX));
+                    if backoff.is_none() {
+                        log::warn!(
+                            "control socket: accepting a connection failed: {e}; \
+                             retrying after {delay:?}, backing off up to {ACCEPT_BACKOFF_MAX:?}"
+                        );
+                    }
+                    backoff = Some(delay);
+                    if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
+                        evict_longest_idle(&mut self.shared.slots());
+                    }
+                    self.shared.pause(delay);
+                    continue;
+                }
+            };
+            let _ = stream.set_nonblocking(false);
+            let message = match self.shared.admit() {
+                Ok(id) => {
+                    let shared = self.shared.clone();
+                    let spawned = std::thread::Builder::new()
+                        .name("berth-conn".into())
+                        .spawn_scoped(scope, move || {
+                            {
+                                // Dropped before the stream: the slot goes before its fd closes.
+                                let _leave = Leave(&shared, id);
+                                shared.register(id, stream.as_raw_fd());
+                                serve_connection(&shared, id, &stream, engine);
+                            }
+                            drop(stream);
+                        });
+                    match spawned {
+                        Ok(_) => continue,
+                        Err(e) => {
+                            // The connection went with the closure, unanswered.
+                            self.shared.leave(id);
+                            format!("the daemon cannot start a thread for a connection: {e}")
+                        }
+                    }
+                }
+                Err(message) => {
+                    refuse(stream, &message);
+                    message
+                }
+            };
+            refused += 1;
+            if last_refusal_log.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+                log::warn!("control socket: refused {refused} connection(s): {message}");
+                last_refusal_log = Some(Instant::now());
+                refused = 0;
             }
-            let Ok(stream) = conn else { continue };
-            let stop = self.stop.clone();
-            scope.spawn(move || serve_connection(stream, engine, &stop));
         }
     }
 
-    /// Stops accepting and lets open connections finish.
+    /// Stops accepting, lets open connections answer what they have
+    /// received (up to `stop_linger`), then shuts the rest; their threads
+    /// end at once.
     pub fn stop(&self) {
-        self.stop.store(true, Ordering::SeqCst);
-        let _ = UnixStream::connect(&self.path); // wake the accept loop
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.changed.notify_all();
         let _ = std::fs::remove_file(&self.path);
+        let deadline = Instant::now() + self.shared.limits.stop_linger;
+        let mut slots = self.shared.slots();
+        for s in slots.open.values() {
+            shutdown(s.fd, libc::SHUT_RD);
+        }
+        while !slots.open.is_empty() {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            slots = self
+                .shared
+                .changed
+                .wait_timeout(slots, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        for s in slots.open.values() {
+            shutdown(s.fd, libc::SHUT_RDWR);
+        }
     }
 }
 
-fn serve_connection(stream: UnixStream, engine: &Engine, stop: &AtomicBool) {
-    // A timeout lets the thread notice a stop; a partial line survives it.
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
-    let Ok(mut writer) = stream.try_clone() else {
-        return;
+/// Frees a connection's slot when its thread ends, however it ends.
+struct Leave<'a>(&'a Shared, u64);
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        self.0.leave(self.1);
+    }
+}
+
+/// Answers a connection the server does not take with one busy error line,
+/// without waiting for the client, and closes it.
+fn refuse(stream: UnixStream, message: &str) {
+    let _ = stream.set_nonblocking(true);
+    let mut out = serde_json::to_vec(&Response::err(CODE_BUSY, message)).unwrap_or_default();
+    out.push(b'\n');
+    let _ = (&stream).write(&out);
+}
+
+/// Waits until the listener has a connection to accept, at most `timeout`.
+fn wait_readable(listener: &UnixListener, timeout: Duration) {
+    let mut fd = libc::pollfd {
+        fd: listener.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
     };
-    let mut reader = BufReader::new(stream);
-    let mut line = Vec::new();
+    let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: poll(2) on one valid pollfd that lives across the call.
+    unsafe { libc::poll(&mut fd, 1, ms) };
+}
+
+/// The bytes of a connection's unfinished request line, counted against
+/// the server's `request_budget` while they are held.
+struct Partial<'a> {
+    shared: &'a Shared,
+    bytes: Vec<u8>,
+    /// How many of `bytes` are counted in the budget.
+    counted: usize,
+}
+
+impl Partial<'_> {
+    /// Adds `more`, if the budget has room for it.
+    fn try_extend(&mut self, more: &[u8]) -> bool {
+        let budget = self.shared.limits.request_budget;
+        let taken = self
+            .shared
+            .buffered
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |held| {
+                held.checked_add(more.len()).filter(|n| *n <= budget)
+            });
+        if taken.is_err() {
+            return false;
+        }
+        self.bytes.extend_from_slice(more);
+        self.counted += more.len();
+        true
+    }
+
+    /// Drops the line and gives its bytes back to the budget.
+    fn clear(&mut self) {
+        self.shared
+            .buffered
+            .fetch_sub(self.counted, Ordering::SeqCst);
+        self.counted = 0;
+        self.bytes = Vec::new();
+    }
+}
+
+impl Drop for Partial<'_> {
+    fn drop(&mut self) {
+        self.clear();
+    }
+}
+
+/// The answer to a line over `max_request`.
+fn too_long(limits: &Limits) -> Response {
+    Response::err(
+        CODE_INPUT,
+        format!("request is over {} bytes", limits.max_request),
+    )
+}
+
+fn serve_connection(shared: &Shared, id: u64, stream: &UnixStream, engine: &Engine) {
+    let limits = &shared.limits;
+    // A timeout lets the thread notice a stop and its idle deadline.
+    let _ = stream.set_read_timeout(Some(TICK));
+    let mut reader = stream;
+    let mut buf = vec![0u8; READ_CHUNK];
+    let mut line = Partial {
+        shared,
+        bytes: Vec::new(),
+        counted: 0,
+    };
+    let mut deadline = Instant::now() + limits.idle_timeout;
+    let mut idle = true;
     loop {
-        let before = line.len();
-        let read = (&mut reader)
-            .take(MAX_REQUEST + 1 - before.min(MAX_REQUEST as usize) as u64)
-            .read_until(b'\n', &mut line);
-        let response = match read {
-            Ok(0) if line.is_empty() => return,
-            Ok(_) if line.last() == Some(&b'\n') => {
-                let r = match parse_request(&line) {
-                    Ok(req) => handle(engine, req),
-                    Err(r) => r,
-                };
-                line.clear();
-                r
+        if Instant::now() >= deadline {
+            // Idle, or a request that trickles in too slowly.
+            if !line.bytes.is_empty() {
+                let late = Response::err(
+                    CODE_INPUT,
+                    format!(
+                        "the request did not arrive within {}",
+                        crate::units::format_duration(limits.idle_timeout)
+                    ),
+                );
+                let _ = send(stream, &late, limits.write_timeout);
             }
-            Ok(_) if line.len() as u64 > MAX_REQUEST => {
-                // Too long: answer and drop the connection (the rest of the line is garbage).
-                let r = Response::err(CODE_INPUT, format!("request is over {MAX_REQUEST} bytes"));
-                let mut out = serde_json::to_vec(&r).unwrap_or_default();
-                out.push(b'\n');
-                let _ = writer.write_all(&out);
-                return;
-            }
-            Ok(_) => return, // EOF in the middle of a line
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                if stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let n = match reader.read(&mut buf) {
+            Ok(0) => return, // closed by the client, or shut by an eviction or a stop
+            Ok(n) => n,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                if shared.stopping() {
                     return;
                 }
                 continue;
             }
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
             Err(_) => return,
         };
-        let mut out = serde_json::to_vec(&response).unwrap_or_default();
-        out.push(b'\n');
-        if writer.write_all(&out).is_err() {
-            return;
+        if idle {
+            shared.set_idle(id, false);
+            idle = false;
+        }
+        let mut chunk = &buf[..n];
+        while let Some(pos) = chunk.iter().position(|b| *b == b'\n') {
+            let head = &chunk[..pos];
+            chunk = &chunk[pos + 1..];
+            if line.bytes.len() + head.len() > limits.max_request {
+                // The rest of the line is garbage: answer and drop the connection.
+                let _ = send(stream, &too_long(limits), limits.write_timeout);
+                return;
+            }
+            let response = if line.bytes.is_empty() {
+                respond(engine, head)
+            } else {
+                // The last piece of a line (at most READ_CHUNK bytes) is not
+                // counted: the line is finished.
+                line.bytes.extend_from_slice(head);
+                let r = respond(engine, &line.bytes);
+                line.clear();
+                r
+            };
+            if let Err(e) = send(stream, &response, limits.write_timeout) {
+                if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) {
+                    log::warn!(
+                        "control socket: a client did not read its answer within {:?}; closed its connection",
+                        limits.write_timeout
+                    );
+                }
+                return;
+            }
+            deadline = Instant::now() + limits.idle_timeout;
+        }
+        if !chunk.is_empty() {
+            if line.bytes.len() + chunk.len() > limits.max_request {
+                let _ = send(stream, &too_long(limits), limits.write_timeout);
+                return;
+            }
+            if !line.try_extend(chunk) {
+                let busy = Response::err(
+                    CODE_BUSY,
+                    format!(
+                        "the daemon's memory for unfinished requests ({}) is taken; try again",
+                        crate::units::format_size(limits.request_budget as u64)
+                    ),
+                );
+                let _ = send(stream, &busy, limits.write_timeout);
+                return;
+            }
+        }
+        if line.bytes.is_empty() {
+            shared.set_idle(id, true);
+            idle = true;
         }
     }
 }
 
-/// Sends one request to the daemon at `data_dir`. Err(None) when no daemon
-/// listens there.
-pub fn call(data_dir: &Path, req: &Request) -> Result<Response, Option<String>> {
-    let mut stream = UnixStream::connect(socket_path(data_dir)).map_err(|_| None)?;
-    let mut line = serde_json::to_vec(req).map_err(|e| Some(e.to_string()))?;
+fn respond(engine: &Engine, line: &[u8]) -> Response {
+    match parse_request(line) {
+        Ok(req) => handle(engine, req),
+        Err(r) => r,
+    }
+}
+
+/// Writes one answer line, all of it within `timeout`.
+fn send(stream: &UnixStream, response: &Response, timeout: Duration) -> std::io::Result<()> {
+    let mut out = serde_json::to_vec(response).unwrap_or_default();
+    out.push(b'\n');
+    write_within(stream, &out, Instant::now() + timeout)
+}
+
+/// Writes all of `data` before `deadline`, or fails with `TimedOut`.
+fn write_within(
+    mut stream: &UnixStream,
+    mut data: &[u8],
+    deadline: Instant,
+) -> std::io::Result<()> {
+    while !data.is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(ErrorKind::TimedOut.into());
+        }
+        stream.set_write_timeout(Some(left))?;
+        match stream.write(data) {
+            Ok(0) => return Err(ErrorKind::WriteZero.into()),
+            Ok(n) => data = &data[n..],
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Why [`call`] got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// No daemon listens on the data dir's socket (there is none, or
+    /// nothing accepts on it): the caller may open the data dir itself.
+    #[error("no daemon listens on the data dir")]
+    NoDaemon,
+    /// The daemon did not answer within the time the caller gave it.
+    #[error(
+        "the daemon on {} did not answer within {} (set the limit with --timeout or BERTH_TIMEOUT)",
+        socket.display(),
+        crate::units::format_duration(*after)
+    )]
+    TimedOut { socket: PathBuf, after: Duration },
+    /// Anything else; the message says what.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// How one attempt of [`call`] ended.
+enum Attempt {
+    Answered(Response),
+    /// The daemon closed the connection before it had the whole request,
+    /// so it did nothing with it: try again.
+    NotSent,
+    Failed(CallError),
+}
+
+/// Sends one request to the daemon at `data_dir` and reads its answer,
+/// giving up after `timeout` (connecting, sending, waiting and reading, all
+/// told). A busy daemon (every connection taken, or the request memory
+/// budget full) did nothing with the request, so it is asked again, with a
+/// growing pause, until the time is up; then its busy error is returned.
+pub fn call(data_dir: &Path, req: &Request, timeout: Duration) -> Result<Response, CallError> {
+    let socket = socket_path(data_dir);
+    let deadline = Instant::now() + timeout;
+    let mut line = serde_json::to_vec(req).map_err(|e| CallError::Failed(e.to_string()))?;
     line.push(b'\n');
-    stream
-        .write_all(&line)
-        .map_err(|e| Some(format!("sending to the daemon: {e}")))?;
-    let reader = BufReader::new(stream);
+    let timed_out = || CallError::TimedOut {
+        socket: socket.clone(),
+        after: timeout,
+    };
+    let mut pause = Duration::from_millis(20);
+    let mut busy: Option<Response> = None;
+    loop {
+        match call_once(&socket, &line, deadline) {
+            Attempt::Answered(r) if r.error.as_ref().is_some_and(|e| e.code == CODE_BUSY) => {
+                busy = Some(r);
+            }
+            Attempt::Answered(r) => return Ok(r),
+            Attempt::NotSent => {}
+            // Out of time: the daemon's last word, if it said it was busy.
+            Attempt::Failed(CallError::TimedOut { .. }) => return busy.ok_or_else(timed_out),
+            Attempt::Failed(e) => return Err(e),
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return busy.ok_or_else(timed_out);
+        }
+        std::thread::sleep(pause.min(left));
+        pause = (pause * 2).min(Duration::from_millis(500));
+    }
+}
+
+fn call_once(socket: &Path, line: &[u8], deadline: Instant) -> Attempt {
+    let left = deadline.saturating_duration_since(Instant::now());
+    let timed_out = || {
+        Attempt::Failed(CallError::TimedOut {
+            socket: socket.to_path_buf(),
+            after: left,
+        })
+    };
+    let stream = match connect_within(socket, left) {
+        Ok(s) => s,
+        Err(e) => {
+            return match e.raw_os_error() {
+                Some(libc::ENOENT | libc::ECONNREFUSED) => Attempt::Failed(CallError::NoDaemon),
+                Some(libc::EAGAIN) => timed_out(),
+                _ if e.kind() == ErrorKind::TimedOut => timed_out(),
+                _ => Attempt::Failed(CallError::Failed(format!(
+                    "connecting to {}: {e}",
+                    socket.display()
+                ))),
+            };
+        }
+    };
+    let sent = write_within(&stream, line, deadline);
+    // Read even when sending failed: a refused connection carries a busy
+    // error line before it closes.
+    let answer = read_line_within(&stream, deadline);
+    match (sent, answer) {
+        (_, Ok(Some(a))) => match serde_json::from_slice(&a) {
+            Ok(r) => Attempt::Answered(r),
+            Err(e) => Attempt::Failed(CallError::Failed(format!(
+                "the daemon's answer is malformed: {e}"
+            ))),
+        },
+        (Err(e), _) if matches!(e.kind(), ErrorKind::BrokenPipe | ErrorKind::ConnectionReset) => {
+            Attempt::NotSent
+        }
+        (Err(e), _) | (Ok(()), Err(e))
+            if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) =>
+        {
+            timed_out()
+        }
+        (Err(e), _) => Attempt::Failed(CallError::Failed(format!("sending to the daemon: {e}"))),
+        (Ok(()), Err(e)) => Attempt::Failed(CallError::Failed(format!(
+            "reading the daemon's answer: {e}"
+        ))),
+        (Ok(()), Ok(None)) => Attempt::Failed(CallError::Failed(
+            "the daemon closed the connection without answering (is it stopping?)".into(),
+        )),
+    }
+}
+
+/// Reads one line (without its newline) before `deadline`; None at EOF
+/// before any newline.
+fn read_line_within(
+    mut stream: &UnixStream,
+    deadline: Instant,
+) -> std::io::Result<Option<Vec<u8>>> {
     let mut answer = Vec::new();
-    reader
-        .take(MAX_REQUEST * 2)
-        .read_until(b'\n', &mut answer)
-        .map_err(|e| Some(format!("reading the daemon's answer: {e}")))?;
-    serde_json::from_slice(&answer)
-        .map_err(|e| Some(format!("the daemon's answer is malformed: {e}")))
+    let mut buf = [0u8; 8192];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(ErrorKind::TimedOut.into());
+        }
+        stream.set_read_timeout(Some(left))?;
+        let n = match stream.read(&mut buf) {
+            Ok(0) => return Ok(None),
+            Ok(n) => n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if let Some(pos) = buf[..n].iter().position(|b| *b == b'\n') {
+            answer.extend_from_slice(&buf[..pos]);
+            return Ok(Some(answer));
+        }
+        answer.extend_from_slice(&buf[..n]);
+        if answer.len() > 2 * MAX_REQUEST as usize {
+            return Err(std::io::Error::other("the daemon's answer is too long"));
+        }
+    }
+}
+
+/// Connects to a Unix socket, waiting at most `timeout` when its backlog
+/// is full (SO_SNDTIMEO bounds a Unix socket's connect; it then fails
+/// with EAGAIN).
+fn connect_within(path: &Path, timeout: Duration) -> std::io::Result<UnixStream> {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = path.as_os_str().as_bytes();
+    // SAFETY: sockaddr_un is plain old data; all zeroes is a valid value.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    if bytes.len() >= addr.sun_path.len() {
+        return Err(std::io::Error::new(
+            ErrorKind::InvalidInput,
+            "the socket path is too long",
+        ));
+    }
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (dst, src) in addr.sun_path.iter_mut().zip(bytes) {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: socket(2) with constant arguments; the fd is owned at once.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh socket that nothing else owns.
+    let stream = unsafe { UnixStream::from_raw_fd(fd) };
+    stream.set_write_timeout(Some(timeout.max(Duration::from_millis(1))))?;
+    let len = std::mem::offset_of!(libc::sockaddr_un, sun_path) + bytes.len() + 1;
+    loop {
+        // SAFETY: addr is a valid sockaddr_un of at least `len` bytes.
+        let r = unsafe {
+            libc::connect(
+                fd,
+                (&raw const addr).cast::<libc::sockaddr>(),
+                len as libc::socklen_t,
+            )
+        };
+        if r == 0 {
+            return Ok(stream);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_request_refuses_unknown_fields() {
+        let spec = r#"{"queue":"main","kind":"K","name":"n"}"#;
+        let good = [
+            r#"{"op":"queue_list"}"#.to_string(),
+            format!(r#"{{"op":"enqueue","spec":{spec}}}"#),
+            format!(r#"{{"op":"enqueue_batch","tasks":[{spec}]}}"#),
+            r#"{"op":"task_show","id":1}"#.to_string(),
+            r#"{"op":"task_remove","id":1}"#.to_string(),
+            r#"{"op":"task_retry","id":1}"#.to_string(),
+        ];
+        for line in &good {
+            assert!(parse_request(line.as_bytes()).is_ok(), "{line}");
+            let bad = format!(r#"{},"bogus":1}}"#, &line[..line.len() - 1]);
+            match parse_request(bad.as_bytes()) {
+                Ok(r) => panic!("{bad} was accepted as {r:?}"),
+                Err(resp) => {
+                    let e = resp.error.expect("an error response");
+                    assert_eq!(e.code, CODE_INPUT, "{bad}");
+                    assert!(e.message.contains("unknown field `bogus`"), "{bad}: {e:?}");
+                }
+            }
+        }
+        assert_eq!(
+            serde_json::to_string(&Request::QueueList {})
+                .ok()
+                .as_deref(),
+            Some(r#"{"op":"queue_list"}"#)
+        );
+    }
+}
+
+#[cfg(test)]
+mod server_tests {
+    //! The server's limits, with small values, on real sockets.
+
+    use std::io::{BufRead, BufReader};
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::engine::{EngineConfig, Handlers};
+    use crate::store::{Options, Store};
+
+    /// Stops the server when the test ends, even by a panic, so that the
+    /// scope it runs in can end.
+    struct StopOnDrop<'a>(&'a Server);
+
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.stop();
+        }
+    }
+
+    /// Runs `test` against a server with `limits` on a fresh data dir, and
+    /// returns what it returned and how long the stop after it took.
+    fn with_server<T>(limits: Limits, test: impl FnOnce(&Server, &Path) -> T) -> (T, Duration) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(dir.path(), Options::default(), crate::clock::system())
+            .expect("open the store");
+        let engine = Engine::new(Arc::new(store), Handlers::new(), EngineConfig::default())
+            .expect("an engine");
+        let (server, listener) = Server::bind_with(dir.path(), limits).expect("bind");
+        let sock = socket_path(dir.path());
+        let mut stopped = Instant::now();
+        let out = std::thread::scope(|scope| {
+            let (server, engine) = (&server, &engine);
+            scope.spawn(move || server.serve(scope, listener, engine));
+            let _stop = StopOnDrop(server);
+            let out = test(server, &sock);
+            stopped = Instant::now();
+            out
+        });
+        (out, stopped.elapsed())
+    }
+
+    fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+        let start = Instant::now();
+        while !cond() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "timed out waiting for {what}"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    fn connect(sock: &Path) -> UnixStream {
+        let s = UnixStream::connect(sock).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        s
+    }
+
+    /// Reads one line; None at EOF (or a reset, which is how a closed
+    /// socket with unread data ends).
+    fn read_line(s: &UnixStream) -> Option<String> {
+        let mut line = String::new();
+        match BufReader::new(s).read_line(&mut line) {
+            Ok(0) => None,
+            Ok(_) => Some(line),
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => None,
+            Err(e) => panic!("reading: {e}"),
+        }
+    }
+
+    fn ask(mut s: &UnixStream, line: &str) -> Response {
+        s.write_all(format!("{line}\n").as_bytes()).expect("send");
+        let answer = read_line(s).expect("an answer");
+        serde_json::from_str(&answer).expect("a JSON answer")
+    }
+
+    const LIST: &str = r#"{"op":"queue_list"}"#;
+
+    fn small() -> Limits {
+        Limits {
+            max_connections: 2,
+            max_request: 800,
+            request_budget: 1000,
+            idle_timeout: Duration::from_secs(30),
+            write_timeout: Duration::from_secs(30),
+            stop_linger: Duration::from_millis(200),
+        }
+    }
+
+    #[test]
+    fn a_new_connection_takes_the_place_of_the_one_idle_the_longest() {
+        with_server(small(), |server, sock| {
+            let a = connect(sock);
+            assert!(ask(&a, LIST).error.is_none());
+            let b = connect(sock);
+            assert!(ask(&b, LIST).error.is_none());
+            assert_eq!(server.connections(), 2);
+            // Both are idle; a has been idle longer, so c closes it.
+            let c = connect(sock);
+            assert!(ask(&c, LIST).error.is_none(), "c is served");
+            assert_eq!(read_line(&a), None, "a was closed to make room");
+            assert!(ask(&b, LIST).error.is_none(), "b is still served");
+            assert!(server.connections() <= 2);
+        });
+    }
+
+    #[test]
+    fn when_no_connection_is_idle_a_new_one_gets_a_busy_error() {
+        with_server(small(), |server, sock| {
+            // Two connections in the middle of a request (a partial line each).
+            let (mut a, mut b) = (connect(sock), connect(sock));
+            a.write_all(b"{\"op\":").expect("send");
+            b.write_all(b"{\"op\":").expect("send");
+            wait_for("both partial lines", || server.buffered() == 12);
+            let c = connect(sock);
+            let answer = read_line(&c).expect("a busy error");
+            let r: Response = serde_json::from_str(&answer).expect("JSON");
+            let e = r.error.expect("an error");
+            assert_eq!(
+                (e.code, e.message.as_str()),
+                (CODE_BUSY, "the daemon is serving 2 connections; try again")
+            );
+            assert_eq!(read_line(&c), None, "and closed");
+            // The client asks again until its time is up, then returns the busy error.
+            let dir = sock.parent().expect("the data dir");
+            let r =
+                call(dir, &Request::QueueList {}, Duration::from_millis(300)).expect("an answer");
+            assert_eq!(r.error.map(|e| e.code), Some(CODE_BUSY));
+            // Once a finishes its request, a slot is free again.
+            a.write_all(b"\"queue_list\"}\n").expect("send");
+            assert!(read_line(&a).is_some_and(|l| l.starts_with("{\"result\":[")));
+            drop(a);
+            let r = call(dir, &Request::QueueList {}, Duration::from_secs(10)).expect("an answer");
+            assert!(r.error.is_none(), "{r:?}");
+        });
+    }
+
+    #[test]
+    fn unfinished_requests_share_one_memory_budget() {
+        with_server(small(), |server, sock| {
+            let mut a = connect(sock);
+            a.write_all(&[b' '; 600]).expect("send");
+            wait_for("a's 600 bytes", || server.buffered() == 600);
+            // b's 600 bytes would take the total to 1200, over the budget of 1000.
+            let mut b = connect(sock);
+            b.write_all(&[b' '; 600]).expect("send");
+            let r: Response =
+                serde_json::from_str(&read_line(&b).expect("an error")).expect("JSON");
+            let e = r.error.expect("an error");
+            assert_eq!(e.code, CODE_BUSY);
+            assert!(
+                e.message.contains("memory for unfinished requests"),
+                "{}",
+                e.message
+            );
+            assert_eq!(read_line(&b), None, "and closed");
+            assert_eq!(server.buffered(), 600, "b's bytes were given back");
+            // a finishes its line: answered, and its bytes are given back.
+            a.write_all(b"{\"op\":\"queue_list\"}\n").expect("send");
+            assert!(read_line(&a).is_some_and(|l| l.starts_with("{\"result\":[")));
+            assert_eq!(server.buffered(), 0);
+            // A line over max_request is refused whole, budget or not.
+            let mut c = connect(sock);
+            c.write_all(&[b' '; 900]).expect("send");
+            let r: Response =
+                serde_json::from_str(&read_line(&c).expect("an error")).expect("JSON");
+            assert_eq!(
+                r.error.map(|e| (e.code, e.message)),
+                Some((CODE_INPUT, "request is over 800 bytes".to_string()))
+            );
+            assert_eq!(read_line(&c), None, "and closed");
+            drop(a);
+            wait_for("every connection to end", || server.connections() == 0);
+            assert_eq!(server.buffered(), 0);
+        });
+    }
+
+    #[test]
+    fn idle_and_slow_connections_are_closed_after_the_idle_timeout() {
+        let limits = Limits {
+            idle_timeout: Duration::from_millis(300),
+            ..small()
+        };
+        with_server(limits, |server, sock| {
+            let idle = connect(sock);
+            let mut slow = connect(sock);
+            slow.write_all(b"{\"op\"").expect("send");
+            assert_eq!(read_line(&idle), None, "the idle connection is closed");
+            let r: Response =
+                serde_json::from_str(&read_line(&slow).expect("an error")).expect("JSON");
+            assert_eq!(
+                r.error.map(|e| e.message),
+                Some("the request did not arrive within 300ms".into())
+            );
+            wait_for("both to end", || server.connections() == 0);
+            assert_eq!(server.buffered(), 0);
+        });
+    }
+
+    #[test]
+    fn a_client_that_does_not_read_is_cut_off_after_the_write_timeout() {
+        let limits = Limits {
+            write_timeout: Duration::from_millis(300),
+            ..small()
+        };
+        with_server(limits, |server, sock| {
+            let mut hog = connect(sock);
+            hog.set_write_timeout(Some(Duration::from_millis(100)))
+                .expect("timeout");
+            let req = format!("{LIST}\n");
+            // Send until the server stops reading: its answers fill both buffers.
+            let mut sent = 0;
+            while hog.write_all(req.as_bytes()).is_ok() {
+                sent += 1;
+                assert!(sent < 10_000_000, "the server never stopped reading");
+            }
+            wait_for("the hog's connection to be closed", || {
+                server.connections() == 0
+            });
+            // Another client is served.
+            let other = connect(sock);
+            assert!(ask(&other, LIST).error.is_none());
+        });
+    }
+
+    #[test]
+    fn a_stop_ends_every_connection_promptly() {
+        let (open, took) = with_server(Limits::default(), |server, sock| {
+            // One client that does not read (the server is stuck writing to it),
+            // one in the middle of a request, some idle.
+            let mut hog = connect(sock);
+            hog.set_write_timeout(Some(Duration::from_millis(100)))
+                .expect("timeout");
+            while hog.write_all(format!("{LIST}\n").as_bytes()).is_ok() {}
+            let mut partial = connect(sock);
+            partial.write_all(b"{").expect("send");
+            let idle: Vec<UnixStream> = (0..10).map(|_| connect(sock)).collect();
+            wait_for("12 connections", || server.connections() == 12);
+            (hog, partial, idle) // still open at the stop
+        });
+        drop(open);
+        assert!(
+            took < Duration::from_secs(3),
+            "the stop took {took:?} (linger 1s; the write timeout is 10s)"
+        );
+    }
+
+    #[test]
+    fn call_tells_no_daemon_from_one_that_does_not_answer() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let req = Request::QueueList {};
+        // No socket file.
+        assert!(matches!(
+            call(dir.path(), &req, Duration::from_secs(5)),
+            Err(CallError::NoDaemon)
+        ));
+        // A stale socket file that nothing listens on.
+        drop(UnixListener::bind(socket_path(dir.path())).expect("bind"));
+        assert!(matches!(
+            call(dir.path(), &req, Duration::from_secs(5)),
+            Err(CallError::NoDaemon)
+        ));
+        // A socket that takes the connection but never answers.
+        std::fs::remove_file(socket_path(dir.path())).expect("remove");
+        let listener = UnixListener::bind(socket_path(dir.path())).expect("bind");
+        let start = Instant::now();
+        let r = call(dir.path(), &req, Duration::from_millis(300));
+        let took = start.elapsed();
+        match r {
+            Err(e @ CallError::TimedOut { .. }) => {
+                assert!(e.to_string().contains("did not answer within 300ms"), "{e}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            took >= Duration::from_millis(300) && took < Duration::from_secs(3),
+            "{took:?}"
+        );
+        // A full backlog: the connect itself waits, and gives up in time.
+        // SAFETY: listen(2) on the listener's own fd, to shrink its backlog.
+        assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 0) }, 0);
+        let mut pending = Vec::new();
+        while let Ok(s) = connect_within(&socket_path(dir.path()), Duration::from_millis(50)) {
+            pending.push(s);
+            assert!(pending.len() < 1000, "the backlog never filled");
+        }
+        let start = Instant::now();
+        let r = call(dir.path(), &req, Duration::from_millis(300));
+        assert!(matches!(r, Err(CallError::TimedOut { .. })), "{r:?}");
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            start.elapsed()
+        );
+    }
 }

@@ -19,13 +19,24 @@ pub struct Cli {
         default_value = "berth-data"
     )]
     pub data_dir: PathBuf,
+    /// How long a command waits for a running daemon to answer (connecting,
+    /// sending and reading, all told; e.g. 30s, 500ms), before it gives up
+    /// with exit code 1.
+    #[arg(
+        long,
+        global = true,
+        env = "BERTH_TIMEOUT",
+        default_value = "30s",
+        value_parser = parse_timeout
+    )]
+    pub timeout: std::time::Duration,
     #[command(subcommand)]
     pub command: Command,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run the engine as a daemon (until SIGTERM/SIGINT, or until idle).
+    /// Run the engine as a daemon (until SIGTERM/SIGINT/SIGHUP, or until idle).
     Run(RunArgs),
     /// Add a task, or a batch of tasks from a JSON file.
     Enqueue(Box<EnqueueArgs>),
@@ -133,6 +144,14 @@ fn parse_interval(s: &str) -> Result<std::time::Duration, String> {
     let d = berth::units::parse_duration(s)?;
     if d < std::time::Duration::from_millis(50) {
         return Err("the interval must be at least 50ms".into());
+    }
+    Ok(d)
+}
+
+fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {
+    let d = berth::units::parse_duration(s)?;
+    if d.is_zero() {
+        return Err("the timeout must be more than 0".into());
     }
     Ok(d)
 }

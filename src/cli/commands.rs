@@ -4,9 +4,11 @@
 
 use std::io::Write;
 use std::path::Path;
+use std::sync::OnceLock;
+use std::time::Duration;
 
 use berth::clock;
-use berth::control::{self, Request};
+use berth::control::{self, CallError, Request};
 use berth::report::{self, QueueView};
 use berth::store::{OpenError, Options, Placement, Store, WriteError};
 use berth::submit::{self, EnqueueError};
@@ -15,7 +17,12 @@ use berth::task::TaskSpec;
 use super::args::{Cli, Command, EnqueueArgs, Format, QueueCommand, TaskCommand};
 use super::{CliError, EXIT_INPUT, EXIT_RUNTIME};
 
+/// How long a command waits for a daemon's answer (`--timeout`), set once
+/// by [`run`] before any command talks to a daemon.
+static DAEMON_TIMEOUT: OnceLock<Duration> = OnceLock::new();
+
 pub fn run(cli: Cli, data_dir_given: bool) -> Result<(), CliError> {
+    let _ = DAEMON_TIMEOUT.set(cli.timeout);
     let dir = cli.data_dir.as_path();
     match cli.command {
         Command::Run(a) => super::daemon::run(a, data_dir_given.then_some(dir)),
@@ -61,9 +68,15 @@ fn via_daemon(dir: &Path, req: &Request) -> Result<Option<serde_json::Value>, Cl
     if !control::socket_path(dir).exists() {
         return Ok(None);
     }
-    match control::call(dir, req) {
-        Err(None) => Ok(None),
-        Err(Some(msg)) => Err(CliError::runtime(msg)),
+    let timeout = DAEMON_TIMEOUT
+        .get()
+        .copied()
+        .unwrap_or(control::DEFAULT_TIMEOUT);
+    match control::call(dir, req, timeout) {
+        Err(CallError::NoDaemon) => Ok(None),
+        Err(e @ (CallError::TimedOut { .. } | CallError::Failed(_))) => {
+            Err(CliError::runtime(e.to_string()))
+        }
         Ok(resp) => match resp.error {
             Some(e) => Err(CliError {
                 code: e.code,
@@ -195,7 +208,7 @@ fn empty_views() -> Vec<QueueView> {
 }
 
 fn queue_list(dir: &Path, output: Format, show_empty: bool, prefix: &str) -> Result<(), CliError> {
-    let queues = match via_daemon(dir, &Request::QueueList)? {
+    let queues = match via_daemon(dir, &Request::QueueList {})? {
         Some(v) => control::views_from_json(&v).map_err(CliError::runtime)?,
         None => match open_for_read(dir)? {
             Some(s) => report::snapshot(&s, 10, &|_| String::new()),

@@ -1,7 +1,7 @@
-//! `berth run`: the engine as an edge node daemon. The first SIGTERM or
-//! SIGINT stops dispatching and waits for running handlers (the grace
-//! period); a second one exits at once (running tasks are then recovered at
-//! the next start).
+//! `berth run`: the engine as an edge node daemon. The first SIGTERM,
+//! SIGINT or SIGHUP stops dispatching and waits for running handlers (the
+//! grace period); a second one exits at once (running tasks are then
+//! recovered at the next start).
 
 use std::sync::Arc;
 
@@ -60,7 +60,13 @@ pub fn run(a: RunArgs, data_dir: Option<&std::path::Path>) -> Result<(), CliErro
         log::info!("enqueued {} task(s) from {}", ids.len(), f.display());
     }
     let stop = engine.stop_handle().flag();
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+    // SIGHUP too: a closed terminal or session must not kill the daemon
+    // like a crash (its default action), but stop it like SIGTERM.
+    for sig in [
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGHUP,
+    ] {
         // A second signal, arriving when the flag is already set, exits at once.
         signal_hook::flag::register_conditional_shutdown(sig, 1, stop.clone())
             .and_then(|_| signal_hook::flag::register(sig, stop.clone()))

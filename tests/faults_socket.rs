@@ -1,0 +1,611 @@
+//! The real `berth run` daemon against bad neighbours: clients that do not
+//! read, floods of idle connections, oversized and unfinished requests, a
+//! daemon that does not answer, signals (SIGHUP), and requests with unknown
+//! fields.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{Receiver, channel};
+use std::time::{Duration, Instant};
+
+use common::{berth, berth_bin, forward_lines, stderr, stdout, tempdir, wait_for};
+
+const HANDLER: &str = r#"#!/bin/sh
+# short: sleeps a little and succeeds; long: runs until killed.
+case "$BERTH_TASK_NAME" in
+  short) sleep 0.5; echo '"done"' ;;
+  long) exec sleep 60 ;;
+  *) echo '"ok"' ;;
+esac
+"#;
+
+/// A daemon started by a test; killed if the test ends without stopping it.
+struct Daemon {
+    child: Child,
+    dir: PathBuf,
+    /// The daemon's log lines (stderr).
+    log: Receiver<String>,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Daemon {
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child's pid.
+        let r = unsafe { libc::kill(self.pid(), sig) };
+        assert_eq!(r, 0, "kill({}, {sig})", self.pid());
+    }
+
+    /// Waits until a log line contains `text`.
+    fn wait_log(&self, text: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.log.recv_timeout(left) {
+                Ok(line) if line.contains(text) => return,
+                Ok(_) => {}
+                Err(e) => panic!("no log line with {text:?}: {e}"),
+            }
+        }
+    }
+
+    /// Waits for the daemon to exit; returns its exit code (None if killed
+    /// by a signal) and how long it took.
+    fn wait_exit(&mut self, within: Duration) -> (Option<i32>, Duration) {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return (status.code(), start.elapsed());
+            }
+            assert!(
+                start.elapsed() < within,
+                "the daemon did not exit within {within:?}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// A field of /proc/PID/status, such as `Threads` or `VmHWM`.
+    fn status_field(&self, name: &str) -> u64 {
+        let text = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .expect("/proc/PID/status");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}:")))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in /proc/PID/status"))
+    }
+
+    fn threads(&self) -> u64 {
+        self.status_field("Threads")
+    }
+
+    /// The daemon's connection threads (named `berth-conn`).
+    fn connection_threads(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/task", self.pid()))
+            .expect("/proc/PID/task")
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .filter(|comm| comm.trim() == "berth-conn")
+            .count()
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.join("berth.sock")
+    }
+}
+
+fn write_config(root: &Path, grace: &str) -> PathBuf {
+    let hook = root.join("hook.sh");
+    std::fs::write(&hook, HANDLER).expect("write hook");
+    std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let cfg = root.join("berth.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "data_dir = \"data\"\ngrace = \"{grace}\"\n[handlers.Sh]\ncommand = [\"./hook.sh\"]\ntimeout = \"2m\"\n"
+        ),
+    )
+    .expect("write config");
+    cfg
+}
+
+fn start(root: &Path) -> Daemon {
+    start_with(root, |_| {})
+}
+
+/// Starts `berth run`; `setup` may adjust the command (limits, environment).
+fn start_with(root: &Path, setup: impl FnOnce(&mut Command)) -> Daemon {
+    let mut cmd = Command::new(berth_bin());
+    cmd.args(["run", "--config"])
+        .arg(root.join("berth.toml"))
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    setup(&mut cmd);
+    let mut child = cmd.spawn().expect("start berth run");
+    let err = child.stderr.take().expect("stderr");
+    let (tx, log) = channel();
+    std::thread::spawn(move || forward_lines(err, tx));
+    let dir = root.join("data");
+    let d = Daemon { child, dir, log };
+    d.wait_log("berth running on");
+    wait_for("the daemon's socket", || {
+        UnixStream::connect(d.socket()).is_ok()
+    });
+    d
+}
+
+fn enqueue(dir: &Path, queue: &str, name: &str) -> u64 {
+    let o = berth(
+        dir,
+        &["enqueue", "--queue", queue, "--kind", "Sh", "--name", name],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    stdout(&o)
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("enqueue printed {:?}: {e}", stdout(&o)))
+}
+
+fn show(dir: &Path, id: u64) -> serde_json::Value {
+    let o = berth(dir, &["task", "show", &id.to_string(), "-o", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    serde_json::from_slice(&o.stdout).expect("task show -o json prints JSON")
+}
+
+/// One request and its answer over a connection.
+fn ask(s: &mut UnixStream, line: &str) -> serde_json::Value {
+    s.write_all(format!("{line}\n").as_bytes()).expect("send");
+    let mut answer = String::new();
+    BufReader::new(s.try_clone().expect("clone"))
+        .read_line(&mut answer)
+        .expect("read the answer");
+    serde_json::from_str(&answer).unwrap_or_else(|e| panic!("answer {answer:?}: {e}"))
+}
+
+#[test]
+fn unknown_fields_are_refused_for_every_request() {
+    let root = tempdir();
+    write_config(root.path(), "2s");
+    let d = start(root.path());
+    let id = enqueue(&d.dir, "q", "long");
+    let mut s = UnixStream::connect(d.socket()).expect("connect");
+    for line in [
+        r#"{"op":"queue_list","bogus":1}"#.to_string(),
+        format!(r#"{{"op":"task_show","id":{id},"bogus":1}}"#),
+        format!(r#"{{"op":"task_remove","id":{id},"bogus":1}}"#),
+        format!(r#"{{"op":"task_retry","id":{id},"bogus":1}}"#),
+        r#"{"op":"enqueue","spec":{"queue":"q","kind":"Sh","name":"x"},"bogus":1}"#.to_string(),
+        r#"{"op":"enqueue_batch","tasks":[],"bogus":1}"#.to_string(),
+    ] {
+        let a = ask(&mut s, &line);
+        assert_eq!(a["error"]["code"], 2, "{line}: {a}");
+        let msg = a["error"]["message"].as_str().unwrap_or_default();
+        assert!(msg.contains("unknown field `bogus`"), "{line}: {a}");
+    }
+    // Nothing was done: the task is still there, and nothing was added.
+    let a = ask(&mut s, r#"{"op":"queue_list"}"#);
+    let queues = a["result"].as_array().expect("a queue list");
+    let q = queues
+        .iter()
+        .find(|q| q["name"] == "q")
+        .expect("queue q is listed");
+    assert_eq!(q["tasks"].as_array().map(Vec::len), Some(1), "{a}");
+    assert_eq!(show(&d.dir, id)["id"], id);
+}
+
+#[test]
+fn sighup_stops_gracefully_like_sigterm() {
+    let root = tempdir();
+    write_config(root.path(), "10s");
+    let mut d = start(root.path());
+    let id = enqueue(&d.dir, "q", "short");
+    wait_for("the task to run", || {
+        show(&d.dir, id)["status"] == "running"
+    });
+    d.signal(libc::SIGHUP);
+    d.wait_log("stopping: no new tasks start");
+    let (code, _) = d.wait_exit(Duration::from_secs(20));
+    assert_eq!(code, Some(0), "SIGHUP stops the daemon with code 0");
+    // The running task was allowed to finish (the data dir is read offline now).
+    assert_eq!(show(&d.dir, id)["status"], "succeeded");
+}
+
+#[test]
+fn a_second_sighup_exits_at_once() {
+    let root = tempdir();
+    write_config(root.path(), "60s");
+    let mut d = start(root.path());
+    let id = enqueue(&d.dir, "q", "long");
+    wait_for("the task to run", || {
+        show(&d.dir, id)["status"] == "running"
+    });
+    d.signal(libc::SIGHUP);
+    d.wait_log("stopping: no new tasks start");
+    let started = Instant::now();
+    d.signal(libc::SIGHUP);
+    let (code, _) = d.wait_exit(Duration::from_secs(10));
+    assert_eq!(code, Some(1), "a second signal exits at once with code 1");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "not after the 60 s grace period"
+    );
+    // The task was left running; the next open recovers it.
+    let t = show(&d.dir, id);
+    assert_eq!(
+        (t["status"].as_str(), t["failures"].as_u64()),
+        (Some("queued"), Some(1)),
+        "{t}"
+    );
+}
+
+/// Lets this test process hold a thousand connections whatever its soft
+/// limit on open files.
+fn raise_fd_limit(want: u64) {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit on a local struct.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
+        if lim.rlim_cur < want {
+            lim.rlim_cur = want.min(lim.rlim_max);
+            assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lim), 0);
+        }
+        assert!(
+            lim.rlim_cur >= want,
+            "the open-file limit is {lim:?}",
+            lim = lim.rlim_cur
+        );
+    }
+}
+
+/// The daemon's CPU time so far (user + system).
+fn cpu_time(pid: i32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/PID/stat");
+    // Fields after the command name (which ends with ')'): state is field 3,
+    // utime and stime are fields 14 and 15.
+    let rest = stat.rsplit(')').next().unwrap_or_default();
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields
+        .get(11..13)
+        .expect("utime and stime")
+        .iter()
+        .map(|f| f.parse::<u64>().expect("a number of ticks"))
+        .sum();
+    // SAFETY: sysconf with a constant name.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    Duration::from_millis(ticks * 1000 / hz.max(1))
+}
+
+const LIST: &[u8] = b"{\"op\":\"queue_list\"}\n";
+
+#[test]
+fn a_client_that_does_not_read_and_a_thousand_idle_connections_cannot_hold_the_daemon() {
+    raise_fd_limit(1200);
+    let root = tempdir();
+    write_config(root.path(), "2s");
+    let mut d = start(root.path());
+    let base = d.threads();
+    // A client that sends queue_list over and over and never reads: once its
+    // answers fill both socket buffers, the daemon cannot write the next one.
+    let mut hog = UnixStream::connect(d.socket()).expect("connect");
+    hog.set_write_timeout(Some(Duration::from_millis(200)))
+        .expect("timeout");
+    let mut sent = 0u64;
+    while hog.write_all(LIST).is_ok() {
+        sent += 1;
+        assert!(sent < 10_000_000, "the daemon never stopped reading");
+    }
+    // A thousand connections at once, which never send anything.
+    let mut max_threads = d.threads();
+    let mut max_conn_threads = d.connection_threads();
+    let mut idle = Vec::new();
+    for i in 0..1000 {
+        idle.push(UnixStream::connect(d.socket()).expect("connect"));
+        if i % 50 == 0 {
+            max_threads = max_threads.max(d.threads());
+            max_conn_threads = max_conn_threads.max(d.connection_threads());
+        }
+    }
+    // A normal command still works: its connection takes the place of an
+    // idle one. It also comes after all the others, so the daemon has
+    // taken every one of them by the time it answers.
+    let t = Instant::now();
+    let o = berth(&d.dir, &["queue", "list"]);
+    let cli_took = t.elapsed();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("Summary:"), "{}", stdout(&o));
+    max_threads = max_threads.max(d.threads());
+    max_conn_threads = max_conn_threads.max(d.connection_threads());
+    let id = enqueue(&d.dir, "q", "x");
+    // One thread per connection, at most 64 of them, plus the few that have
+    // let go of their connection and are still ending; the rest of the
+    // daemon (workers, store, engine) is the same as before they came.
+    assert!(
+        max_conn_threads <= 64 + 4,
+        "{max_conn_threads} connection threads"
+    );
+    assert!(
+        max_threads <= base + 64 + 4,
+        "{max_threads} threads with 1,000 connections open (base {base})"
+    );
+    // Every connection past the 64 was closed to make room (the oldest first).
+    let closed = idle
+        .iter()
+        .filter(|s| {
+            s.set_nonblocking(true).expect("nonblocking");
+            let mut b = [0u8; 1];
+            let mut r: &UnixStream = s;
+            matches!(r.read(&mut b), Ok(0))
+        })
+        .count();
+    assert!(
+        closed >= 1000 - 64,
+        "only {closed} of the idle connections were closed"
+    );
+    // The stop ends every connection, the stuck writer too, within the grace period + 2 s.
+    let t = Instant::now();
+    d.signal(libc::SIGTERM);
+    let (code, took) = d.wait_exit(Duration::from_secs(4));
+    assert_eq!(code, Some(0));
+    eprintln!(
+        "threads: base {base}, at most {max_threads} ({max_conn_threads} for connections) with 1,000 idle \
+         connections and a non-reading client ({sent} requests sent); queue list took {cli_took:?}; \
+         the stop took {took:?} ({:?})",
+        t.elapsed()
+    );
+    assert_eq!(show(&d.dir, id)["status"], "succeeded");
+    drop((hog, idle));
+}
+
+#[test]
+fn when_every_connection_is_busy_the_cli_says_so_with_exit_3() {
+    let root = tempdir();
+    write_config(root.path(), "2s");
+    let mut d = start(root.path());
+    // 64 connections in the middle of a request: none is idle.
+    let busy: Vec<UnixStream> = (0..64)
+        .map(|_| {
+            let mut s = UnixStream::connect(d.socket()).expect("connect");
+            s.write_all(b"{\"op\":").expect("send");
+            s
+        })
+        .collect();
+    // A raw connection gets one busy line and is closed.
+    let extra = UnixStream::connect(d.socket()).expect("connect");
+    extra
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    let mut line = String::new();
+    BufReader::new(&extra)
+        .read_line(&mut line)
+        .expect("a busy line");
+    assert_eq!(
+        line,
+        "{\"error\":{\"code\":3,\"message\":\"the daemon is serving 64 connections; try again\"}}\n"
+    );
+    // The CLI asks again until its time is up, then says so with exit code 3.
+    let o = Command::new(berth_bin())
+        .arg("--data-dir")
+        .arg(&d.dir)
+        .args(["queue", "list"])
+        .env("BERTH_TIMEOUT", "1s")
+        .output()
+        .expect("run berth");
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert_eq!(
+        stderr(&o),
+        "berth: the daemon is serving 64 connections; try again\n"
+    );
+    // One request finished: the CLI is served again.
+    let mut first = &busy[0];
+    first.write_all(b"\"queue_list\"}\n").expect("send");
+    drop(busy);
+    let o = berth(&d.dir, &["queue", "list"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    d.signal(libc::SIGTERM);
+    assert_eq!(d.wait_exit(Duration::from_secs(4)).0, Some(0));
+}
+
+#[test]
+fn unfinished_requests_cannot_fill_the_daemons_memory() {
+    let root = tempdir();
+    write_config(root.path(), "2s");
+    let mut d = start(root.path());
+    let base = d.status_field("VmHWM");
+    // Eight clients each send 60 MiB of a request line and no newline.
+    let clients: Vec<_> = (0..8)
+        .map(|_| {
+            let sock = d.socket();
+            std::thread::spawn(move || {
+                let mut s = UnixStream::connect(sock).expect("connect");
+                let chunk = vec![b' '; 1 << 20];
+                let all_sent = (0..60).all(|_| s.write_all(&chunk).is_ok());
+                if all_sent {
+                    return Ok(s);
+                }
+                // Refused: the daemon said why before it closed the connection.
+                let mut line = String::new();
+                let _ = BufReader::new(&s).read_line(&mut line);
+                Err(line)
+            })
+        })
+        .collect();
+    let mut held = Vec::new();
+    let mut refused = Vec::new();
+    for c in clients {
+        match c.join().expect("a client thread") {
+            Ok(s) => held.push(s),
+            Err(line) => refused.push(line),
+        }
+    }
+    let peak = d.status_field("VmHWM");
+    assert!(held.len() <= 2, "{} clients hold 60 MiB each", held.len());
+    for line in &refused {
+        assert!(
+            line.contains("\"code\":3")
+                && line.contains("memory for unfinished requests (128 MiB)"),
+            "{line}"
+        );
+    }
+    assert!(
+        peak - base < 200 << 10,
+        "the daemon's peak memory grew by {} MiB",
+        (peak - base) >> 10
+    );
+    eprintln!(
+        "8 clients x 60 MiB: {} held, {} refused; peak RSS {} MiB (at start {} MiB)",
+        held.len(),
+        refused.len(),
+        peak >> 10,
+        base >> 10
+    );
+    // The held ones are whole requests once they end (malformed ones here).
+    for mut s in held {
+        s.write_all(b"\n").expect("send");
+        let mut line = String::new();
+        BufReader::new(&s).read_line(&mut line).expect("an answer");
+        assert!(line.contains("\"code\":2"), "{line}");
+    }
+    d.signal(libc::SIGTERM);
+    assert_eq!(d.wait_exit(Duration::from_secs(4)).0, Some(0));
+}
+
+#[test]
+fn out_of_file_descriptors_the_daemon_backs_off_instead_of_spinning() {
+    let root = tempdir();
+    write_config(root.path(), "2s");
+    let mut d = start_with(root.path(), |cmd| {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: only setrlimit(2) between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                let lim = libc::rlimit {
+                    rlim_cur: 32,
+                    rlim_max: 32,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    });
+    // Connections in the middle of a request (none idle) until the daemon
+    // runs out of file descriptors; the rest wait in the backlog.
+    let partial: Vec<UnixStream> = (0..40)
+        .map(|_| {
+            let mut s = UnixStream::connect(d.socket()).expect("connect");
+            s.write_all(b"{").expect("send");
+            s
+        })
+        .collect();
+    let open_fds = || {
+        std::fs::read_dir(format!("/proc/{}/fd", d.pid()))
+            .map(|fds| fds.count())
+            .unwrap_or(0)
+    };
+    wait_for("the daemon to use all its 32 file descriptors", || {
+        open_fds() >= 32
+    });
+    // Over one second (a measuring window, not a wait for an outcome) the
+    // accept loop, backing off, uses next to no CPU.
+    let before = cpu_time(d.pid());
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(1) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let used = cpu_time(d.pid()) - before;
+    eprintln!(
+        "CPU used out of file descriptors: {used:?} in {:?}",
+        t.elapsed()
+    );
+    assert!(used < Duration::from_millis(250), "{used:?} of CPU in 1 s");
+    d.wait_log("control socket: accepting a connection failed: Too many open files");
+    // Meanwhile the CLI gives up with a clear message.
+    let o = Command::new(berth_bin())
+        .arg("--data-dir")
+        .arg(&d.dir)
+        .args(["queue", "list"])
+        .env("BERTH_TIMEOUT", "1s")
+        .output()
+        .expect("run berth");
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("did not answer within 1s"),
+        "{}",
+        stderr(&o)
+    );
+    // File descriptors come back: the daemon serves again.
+    drop(partial);
+    let o = berth(&d.dir, &["queue", "list"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    d.signal(libc::SIGTERM);
+    assert_eq!(d.wait_exit(Duration::from_secs(4)).0, Some(0));
+}
+
+#[test]
+fn the_cli_gives_up_on_a_daemon_that_does_not_answer() {
+    let root = tempdir();
+    let dir = root.path().join("data");
+    std::fs::create_dir(&dir).expect("mkdir");
+    // Something listens on the socket but never answers.
+    let _listener = std::os::unix::net::UnixListener::bind(dir.join("berth.sock")).expect("bind");
+    let t = Instant::now();
+    let mut child = Command::new(berth_bin())
+        .arg("--data-dir")
+        .arg(&dir)
+        .args(["task", "show", "1"])
+        .env("BERTH_TIMEOUT", "1s")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run berth");
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("try_wait") {
+            break s;
+        }
+        if t.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            panic!("the command still waits after 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let took = t.elapsed();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut err)
+        .expect("stderr");
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert_eq!(
+        err,
+        format!(
+            "berth: the daemon on {} did not answer within 1s (set the limit with --timeout or BERTH_TIMEOUT)\n",
+            dir.join("berth.sock").display()
+        )
+    );
+    assert!(took >= Duration::from_secs(1), "{took:?}");
+    // A bad timeout is a usage error.
+    let o = Command::new(berth_bin())
+        .arg("--data-dir")
+        .arg(&dir)
+        .args(["--timeout", "soon", "queue", "list"])
+        .output()
+        .expect("run berth");
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}
