@@ -19,11 +19,11 @@ use crate::store::durability::{Durability, GroupCommit};
 use crate::store::error::{CorruptRecord, OpenError, ReadError, WriteError};
 use crate::store::event::{CommitRecord, Event, INTERRUPTED};
 use crate::store::files::{self, DbFiles};
-use crate::store::panics;
 use crate::store::keys::{self, EVENT, HISTORY, QUEUE, TASK};
 use crate::store::lock::{DirLock, LockError, Role};
 use crate::store::order::Order;
 use crate::store::overlay::{self, Overlay};
+use crate::store::panics;
 use crate::store::write::{WriteTxn, apply_writes};
 use crate::task::{Status, Task};
 
@@ -339,12 +339,12 @@ impl Store {
         let flusher = match opts.durability {
             Durability::Sync => None,
             Durability::Batched { interval } => Some(
-                spawn_flusher(tree.clone(), db_files.clone(), commit.clone(), interval).map_err(|source| {
-                    OpenError::Io {
+                spawn_flusher(tree.clone(), db_files.clone(), commit.clone(), interval).map_err(
+                    |source| OpenError::Io {
                         dir: dir.to_path_buf(),
                         source,
-                    }
-                })?,
+                    },
+                )?,
             ),
         };
         let mut store = Store {

@@ -319,7 +319,14 @@ mod tests {
         fs::write(&blob, &bytes).unwrap();
         files.sync().unwrap();
         assert_eq!(fs::metadata(&blob).unwrap().mode() & 0o7777, 0o600);
-        assert!(files.synced.lock().unwrap().1.contains(&OsString::from("123")));
+        assert!(
+            files
+                .synced
+                .lock()
+                .unwrap()
+                .1
+                .contains(&OsString::from("123"))
+        );
         fs::remove_file(&blob).unwrap();
         files.sync().unwrap();
         assert!(files.synced.lock().unwrap().1.is_empty());
