@@ -34,6 +34,8 @@ struct Raw {
     #[serde(default)]
     budget: RawBudget,
     #[serde(default)]
+    disk: RawDisk,
+    #[serde(default)]
     handlers: BTreeMap<String, Spanned<RawHandler>>,
 }
 
@@ -51,6 +53,12 @@ struct RawBudget {
     compress_over: Option<Spanned<String>>,
     max_object: Option<Spanned<String>>,
     max_decompressed: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields, expecting = "a [disk] table")]
+struct RawDisk {
+    reserve: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -74,6 +82,8 @@ pub struct Config {
     pub tags: Vec<String>,
     pub durability: Durability,
     pub budget: Budget,
+    /// Disk space kept free on the data dir's filesystem (0: no guard).
+    pub disk_reserve: u64,
     pub engine: EngineConfig,
     pub handlers: BTreeMap<String, CommandHandler>,
 }
@@ -375,6 +385,11 @@ impl Config {
             tags: raw.tags.iter().map(|t| t.get_ref().clone()).collect(),
             durability,
             budget,
+            disk_reserve: cx.size(
+                &raw.disk.reserve,
+                "disk.reserve",
+                crate::store::DEFAULT_DISK_RESERVE as usize,
+            )? as u64,
             engine,
             handlers,
         })

@@ -19,7 +19,12 @@ fn main() {
         Ok(a) => a,
         Err(e) => e.exit(),
     };
-    let code = match cli::commands::run(args, data_dir_given) {
+    let dir = args.data_dir.clone();
+    // sled panics on some damaged pages when it reads them: that is a
+    // damaged data dir, said as such; any other panic is a bug of berth's.
+    let result = berth::store::catch_panic(|| cli::commands::run(args, data_dir_given))
+        .unwrap_or_else(|panic| Err(cli::panic_error(&dir, panic)));
+    let code = match result {
         Ok(()) => cli::EXIT_OK,
         Err(e) => {
             eprintln!("berth: {e}");

@@ -5,12 +5,12 @@
 use std::io::Write;
 use std::path::Path;
 use std::sync::OnceLock;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use berth::clock;
 use berth::control::{self, CallError, Request};
 use berth::report::{self, QueueView};
-use berth::store::{OpenError, Options, Placement, Store, WriteError};
+use berth::store::{OpenError, Options, Placement, Role, Store, WriteError};
 use berth::submit::{self, EnqueueError};
 use berth::task::TaskSpec;
 
@@ -68,11 +68,7 @@ fn via_daemon(dir: &Path, req: &Request) -> Result<Option<serde_json::Value>, Cl
     if !control::socket_path(dir).exists() {
         return Ok(None);
     }
-    let timeout = DAEMON_TIMEOUT
-        .get()
-        .copied()
-        .unwrap_or(control::DEFAULT_TIMEOUT);
-    match control::call(dir, req, timeout) {
+    match control::call(dir, req, daemon_timeout()) {
         Err(CallError::NoDaemon) => Ok(None),
         Err(e @ (CallError::TimedOut { .. } | CallError::Failed(_))) => {
             Err(CliError::runtime(e.to_string()))
@@ -93,21 +89,53 @@ fn ids_of(v: &serde_json::Value) -> Vec<u64> {
         .unwrap_or_default()
 }
 
-fn open(dir: &Path, create: bool) -> Result<Store, OpenError> {
-    let opts = Options {
-        create,
-        ..Options::default()
-    };
-    Store::open(dir, opts, clock::system())
+/// Where a command's request went.
+enum Route {
+    /// A daemon answered it.
+    Daemon(serde_json::Value),
+    /// No daemon: the command opened the data dir itself (`None`: it does
+    /// not exist and the command only reads).
+    Direct(Option<Store>),
 }
 
-/// Opens for reading: a data dir that does not exist yet reads as empty.
-fn open_for_read(dir: &Path) -> Result<Option<Store>, CliError> {
-    match open(dir, false) {
-        Ok(s) => Ok(Some(s)),
-        Err(OpenError::Missing { .. }) => Ok(None),
-        Err(e) => Err(e.into()),
+/// Sends `req` to the daemon when one answers on the data dir's socket, and
+/// opens the data dir otherwise (creating it if `create`). A daemon that
+/// holds the data dir but does not answer yet, or that waits for the lock
+/// (right after a restart), is starting: the command waits for its socket,
+/// up to `--timeout`, instead of failing.
+fn route(dir: &Path, req: &Request, create: bool) -> Result<Route, CliError> {
+    let start = Instant::now();
+    let limit = daemon_timeout();
+    loop {
+        if let Some(v) = via_daemon(dir, req)? {
+            return Ok(Route::Daemon(v));
+        }
+        let opts = Options {
+            create,
+            ..Options::default()
+        };
+        match Store::open(dir, opts, clock::system()) {
+            Ok(s) => return Ok(Route::Direct(Some(s))),
+            Err(OpenError::Missing { .. }) => return Ok(Route::Direct(None)),
+            Err(OpenError::InUse { holder, .. })
+                if holder.role == Some(Role::Daemon) && start.elapsed() < limit =>
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
+}
+
+fn daemon_timeout() -> Duration {
+    DAEMON_TIMEOUT
+        .get()
+        .copied()
+        .unwrap_or(control::DEFAULT_TIMEOUT)
+}
+
+fn missing(dir: &Path) -> CliError {
+    CliError::runtime(format!("data dir {} does not exist", dir.display()))
 }
 
 fn enqueue_error(e: EnqueueError, source: &str) -> CliError {
@@ -140,14 +168,17 @@ fn enqueue(dir: &Path, a: EnqueueArgs) -> Result<(), CliError> {
         let req = Request::EnqueueBatch {
             tasks: specs.clone(),
         };
-        if let Some(v) = via_daemon(dir, &req).map_err(|e| CliError {
+        let routed = route(dir, &req, true).map_err(|e| CliError {
             message: format!("{source}{}", e.message),
             ..e
-        })? {
-            return print_ids(&ids_of(&v));
-        }
-        let store = open(dir, true)?;
-        let ids = submit::enqueue_batch(&store, specs).map_err(|e| enqueue_error(e, &source))?;
+        })?;
+        let ids = match routed {
+            Route::Daemon(v) => ids_of(&v),
+            Route::Direct(store) => {
+                let store = store.ok_or_else(|| missing(dir))?;
+                submit::enqueue_batch(&store, specs).map_err(|e| enqueue_error(e, &source))?
+            }
+        };
         return print_ids(&ids);
     }
     let payload = match (&a.payload, &a.payload_file) {
@@ -184,11 +215,11 @@ fn enqueue(dir: &Path, a: EnqueueArgs) -> Result<(), CliError> {
         after: a.after,
         before: a.before,
     };
-    if let Some(v) = via_daemon(dir, &req)? {
-        return print_ids(&ids_of(&v));
-    }
+    let store = match route(dir, &req, true)? {
+        Route::Daemon(v) => return print_ids(&ids_of(&v)),
+        Route::Direct(store) => store.ok_or_else(|| missing(dir))?,
+    };
     let placement: Placement = control::placement(a.first, a.after, a.before);
-    let store = open(dir, true)?;
     let id = submit::enqueue_one(&store, spec, placement).map_err(|e| enqueue_error(e, ""))?;
     print_ids(&[id])
 }
@@ -208,12 +239,10 @@ fn empty_views() -> Vec<QueueView> {
 }
 
 fn queue_list(dir: &Path, output: Format, show_empty: bool, prefix: &str) -> Result<(), CliError> {
-    let queues = match via_daemon(dir, &Request::QueueList {})? {
-        Some(v) => control::views_from_json(&v).map_err(CliError::runtime)?,
-        None => match open_for_read(dir)? {
-            Some(s) => report::snapshot(&s, 10, &|_| String::new()),
-            None => empty_views(),
-        },
+    let queues = match route(dir, &Request::QueueList {}, false)? {
+        Route::Daemon(v) => control::views_from_json(&v).map_err(CliError::runtime)?,
+        Route::Direct(Some(s)) => report::snapshot(&s, 10, &|_| String::new()),
+        Route::Direct(None) => empty_views(),
     };
     let text = match output {
         Format::Text => report::render_text(&queues, show_empty),
@@ -223,11 +252,10 @@ fn queue_list(dir: &Path, output: Format, show_empty: bool, prefix: &str) -> Res
 }
 
 fn task_show(dir: &Path, id: u64, output: Format) -> Result<(), CliError> {
-    let j = match via_daemon(dir, &Request::TaskShow { id })? {
-        Some(v) => report::task_from_wire(v),
-        None => {
-            let store =
-                open_for_read(dir)?.ok_or_else(|| CliError::runtime(format!("no task {id}")))?;
+    let j = match route(dir, &Request::TaskShow { id }, false)? {
+        Route::Daemon(v) => report::task_from_wire(v),
+        Route::Direct(store) => {
+            let store = store.ok_or_else(|| CliError::runtime(format!("no task {id}")))?;
             let task = store
                 .task(id)
                 .map_err(|e| CliError::runtime(e.to_string()))?
@@ -254,11 +282,10 @@ fn store_error(id: u64, what: &str, e: WriteError) -> CliError {
 }
 
 fn task_remove(dir: &Path, id: u64) -> Result<(), CliError> {
-    let removed = match via_daemon(dir, &Request::TaskRemove { id })? {
-        Some(v) => ids_of(&v),
-        None => {
-            let store =
-                open_for_read(dir)?.ok_or_else(|| CliError::runtime(format!("no task {id}")))?;
+    let removed = match route(dir, &Request::TaskRemove { id }, false)? {
+        Route::Daemon(v) => ids_of(&v),
+        Route::Direct(store) => {
+            let store = store.ok_or_else(|| CliError::runtime(format!("no task {id}")))?;
             let mut w = store.write();
             let removed = w.remove(id).map_err(|e| store_error(id, "removing", e))?;
             w.commit().map_err(|e| store_error(id, "removing", e))?;
@@ -270,9 +297,8 @@ fn task_remove(dir: &Path, id: u64) -> Result<(), CliError> {
 }
 
 fn task_retry(dir: &Path, id: u64) -> Result<(), CliError> {
-    if via_daemon(dir, &Request::TaskRetry { id })?.is_none() {
-        let store =
-            open_for_read(dir)?.ok_or_else(|| CliError::runtime(format!("no task {id}")))?;
+    if let Route::Direct(store) = route(dir, &Request::TaskRetry { id }, false)? {
+        let store = store.ok_or_else(|| CliError::runtime(format!("no task {id}")))?;
         let mut w = store.write();
         w.retry(id, Placement::Last)
             .map_err(|e| store_error(id, "retrying", e))?;
@@ -282,9 +308,14 @@ fn task_retry(dir: &Path, id: u64) -> Result<(), CliError> {
 }
 
 fn verify(dir: &Path) -> Result<(), CliError> {
-    let store = open_for_read(dir)?;
-    let Some(store) = store else {
-        return out("no data dir; nothing to verify\n");
+    let opts = Options {
+        create: false,
+        ..Options::default()
+    };
+    let store = match Store::open(dir, opts, clock::system()) {
+        Ok(s) => s,
+        Err(OpenError::Missing { .. }) => return out("no data dir; nothing to verify\n"),
+        Err(e) => return Err(e.into()),
     };
     let diffs = berth::store::verify::verify(&store)
         .map_err(|e| CliError::runtime(format!("replaying the log: {e}")))?;

@@ -39,6 +39,7 @@ pub fn run(a: RunArgs, data_dir: Option<&std::path::Path>) -> Result<(), CliErro
         durability: config.durability,
         budget: config.budget,
         role: Role::Daemon,
+        disk_reserve: config.disk_reserve,
         ..Options::default()
     };
     let store = Arc::new(Store::open(&config.data_dir, opts, clock::system())?);
@@ -97,7 +98,23 @@ pub fn run(a: RunArgs, data_dir: Option<&std::path::Path>) -> Result<(), CliErro
         server.stop();
         r
     })
-    .map_err(|e| CliError::runtime(format!("the engine stopped: {e}")))?;
+    .map_err(|e| match store.failure() {
+        // The store can no longer write (see store/health.rs): stop at once,
+        // with a code of our own, so that a supervisor restarts berth, which
+        // reopens (and so repairs) the data dir.
+        Some(why) => {
+            let n = berth::engine::command::kill_running();
+            log::error!(
+                "the store failed ({why}); stopping now (killed {n} running handler process \
+                 group(s)); the next start recovers the data dir"
+            );
+            CliError {
+                code: super::EXIT_STORE_FAILED,
+                message: format!("the store failed: {why}"),
+            }
+        }
+        None => CliError::runtime(format!("the engine stopped: {e}")),
+    })?;
     if summary.abandoned > 0 {
         let n = berth::engine::command::kill_running();
         log::warn!("killed {n} handler process group(s) still running after the grace period");

@@ -13,6 +13,10 @@ pub const EXIT_OK: i32 = 0;
 pub const EXIT_RUNTIME: i32 = 1;
 pub const EXIT_INPUT: i32 = 2;
 pub const EXIT_IN_USE: i32 = 3;
+/// `berth run` only: the store failed to write (a disk error, or a full disk
+/// that got past the space guard) and the daemon stopped at once so that a
+/// supervisor restarts it.
+pub const EXIT_STORE_FAILED: i32 = 4;
 
 /// An error the command reports on stderr before exiting with `code`.
 #[derive(Debug)]
@@ -54,5 +58,22 @@ impl From<berth::store::OpenError> for CliError {
             code,
             message: e.to_string(),
         }
+    }
+}
+
+/// A panic caught at the top: one in sled means the database is damaged
+/// (exit 1, with what to do); anything else is a bug in berth (exit 101,
+/// as an uncaught panic would).
+pub fn panic_error(dir: &std::path::Path, panic: String) -> CliError {
+    if panic.contains("/sled-") {
+        let e = berth::store::OpenError::Damaged {
+            dir: dir.to_path_buf(),
+            detail: format!("sled panicked while reading it: {panic}"),
+        };
+        return CliError::runtime(e.to_string());
+    }
+    CliError {
+        code: 101,
+        message: format!("internal error (please report it): {panic}"),
     }
 }

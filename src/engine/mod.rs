@@ -20,7 +20,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use crate::backoff::Backoff;
 use crate::report::{self, QueueView};
-use crate::store::{Placement, Store, WriteError};
+use crate::store::{Placement, SpaceError, Store, WriteError};
 use crate::submit::{self, EnqueueError};
 use crate::task::TaskSpec;
 
@@ -125,7 +125,16 @@ pub struct Engine {
     /// Recovered (interrupted) tasks were reported to their group parents.
     recovery_noted: AtomicBool,
     /// The latest queue activities, published by the loop for `queue list`.
-    view: Mutex<(BTreeMap<String, scheduler::LiveActivity>, bool)>,
+    view: Mutex<View>,
+}
+
+/// What the loop last published for `queue list`.
+#[derive(Debug, Default, Clone)]
+struct View {
+    activities: BTreeMap<String, scheduler::LiveActivity>,
+    stopping: bool,
+    /// Starts are paused because disk space is below the reserve.
+    paused: Option<SpaceError>,
 }
 
 /// The longest the loop sleeps without looking at the stop flag.
@@ -151,7 +160,7 @@ impl Engine {
             stop: Arc::new(AtomicBool::new(false)),
             sched: Mutex::new(Scheduler::new()),
             recovery_noted: AtomicBool::new(false),
-            view: Mutex::new((BTreeMap::new(), false)),
+            view: Mutex::new(View::default()),
         })
     }
 
@@ -192,26 +201,38 @@ impl Engine {
     /// The queue set with live statuses.
     pub fn queue_views(&self) -> Vec<QueueView> {
         let now = self.store.clock().now_ms();
-        let (acts, stopping) = {
-            let v = self.view.lock().unwrap_or_else(|p| p.into_inner());
-            (v.0.clone(), v.1)
-        };
+        let view = self.view.lock().unwrap_or_else(|p| p.into_inner()).clone();
         report::snapshot(&self.store, self.config.parallel_queues, &|q| {
             if self.store.queue_len(q) == 0 {
                 return String::new();
             }
-            if stopping {
+            if view.stopping {
                 return status::render(&QueueActivity::Stop, now);
             }
-            acts.get(q)
-                .map(|a| status::render(&a.current(), now))
-                .unwrap_or_default()
+            let current = view
+                .activities
+                .get(q)
+                .map_or(QueueActivity::Idle, |a| a.current());
+            match (&view.paused, current) {
+                (Some(low), QueueActivity::Idle) => status::render(
+                    &QueueActivity::Paused {
+                        free: low.free,
+                        reserve: low.reserve,
+                    },
+                    now,
+                ),
+                (_, current) => status::render(&current, now),
+            }
         })
     }
 
-    fn publish(&self, sched: &Scheduler, stopping: bool) {
-        let acts = sched.activities(self.store.clock().now_ms());
-        *self.view.lock().unwrap_or_else(|p| p.into_inner()) = (acts, stopping);
+    fn publish(&self, sched: &Scheduler, stopping: bool, paused: Option<SpaceError>) {
+        let activities = sched.activities(self.store.clock().now_ms());
+        *self.view.lock().unwrap_or_else(|p| p.into_inner()) = View {
+            activities,
+            stopping,
+            paused,
+        };
     }
 
     fn env(&self) -> StepEnv<'_> {
@@ -232,6 +253,9 @@ impl Engine {
     ) -> Result<usize, WriteError> {
         let env = self.env();
         let mut w = self.store.write();
+        // Completions (and the follow-ups they add) record work already
+        // under way: they may use the disk reserve.
+        w.use_reserve();
         let mut progress = done.len();
         for c in done {
             sched.complete(&mut w, &env, c)?;
@@ -283,8 +307,21 @@ impl Engine {
             sched.note_recovered(&mut w, self.store.recovered())?;
             w.commit()?;
         }
+        let mut paused: Option<SpaceError> = None;
         loop {
+            if let Some(why) = self.store.failure() {
+                return Err(WriteError::Failed(why));
+            }
             let stopping = self.stop.load(Ordering::SeqCst);
+            let low = self.store.below_reserve();
+            match (&paused, &low) {
+                (None, Some(e)) => log::warn!("starting no task until space is freed: {e}"),
+                (Some(_), None) => {
+                    log::info!("disk space is back above the reserve; starting tasks again")
+                }
+                _ => {}
+            }
+            paused = low;
             if stopping && grace_end.is_none() {
                 log::info!(
                     "stopping: no new tasks start; waiting up to {:?} for {} running",
@@ -293,8 +330,9 @@ impl Engine {
                 );
                 grace_end = Some(Instant::now() + self.config.grace);
             }
-            let progress = self.step(&mut sched, std::mem::take(&mut done), !stopping)?;
-            self.publish(&sched, stopping);
+            let dispatch = !stopping && paused.is_none();
+            let progress = self.step(&mut sched, std::mem::take(&mut done), dispatch)?;
+            self.publish(&sched, stopping, paused.clone());
             if stopping && sched.in_flight() == 0 {
                 break;
             }
@@ -305,6 +343,7 @@ impl Engine {
             let now = clock.now_ms();
             let wake = sched.next_wake(now);
             if until_idle
+                && paused.is_none()
                 && progress == 0
                 && sched.in_flight() == 0
                 && wake.is_none()

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::units::format_duration;
+use crate::units::{format_duration, format_size};
 
 /// What a queue is doing, as the scheduler knows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,6 +22,8 @@ pub enum QueueActivity {
     Repeat,
     /// The engine is stopping.
     Stop,
+    /// Nothing starts: less than the disk reserve is free.
+    Paused { free: u64, reserve: u64 },
 }
 
 fn whole_secs(ms: u64) -> String {
@@ -53,6 +55,11 @@ pub fn render(activity: &QueueActivity, now_ms: u64) -> String {
         }
         QueueActivity::Repeat => "repeat head task".into(),
         QueueActivity::Stop => "stop".into(),
+        QueueActivity::Paused { free, reserve } => format!(
+            "paused: disk nearly full ({} free, {} kept in reserve)",
+            format_size(*free),
+            format_size(*reserve)
+        ),
     }
 }
 

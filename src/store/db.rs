@@ -1,31 +1,26 @@
-//! Opening a data dir (lock, format check, index load, recovery) and reading
-//! from it. Writing goes through [`WriteTxn`](super::WriteTxn).
-//!
-//! Recovery at open: a task found `running` was interrupted by a crash; it
-//! stays where it is (at the head of its queue) with its failure count + 1
-//! and the message [`INTERRUPTED`](super::INTERRUPTED), written as a
-//! `failed` event like any other failure.
+//! The store: what an open data dir holds, and every read. Opening is in
+//! `open`, writing goes through [`WriteTxn`](super::WriteTxn).
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::budget::Budget;
 use crate::clock::SharedClock;
 use crate::codec;
 use crate::store::durability::{Durability, GroupCommit};
-use crate::store::error::{CorruptRecord, OpenError, ReadError, WriteError};
-use crate::store::event::{CommitRecord, Event, INTERRUPTED};
-use crate::store::files::{self, DbFiles};
-use crate::store::keys::{self, EVENT, HISTORY, QUEUE, TASK};
-use crate::store::lock::{DirLock, LockError, Role};
+use crate::store::error::{CorruptRecord, ReadError};
+use crate::store::event::{CommitRecord, Event};
+use crate::store::files::DbFiles;
+use crate::store::health::{self, Failed, SpaceError};
+use crate::store::keys::{self, EVENT, HISTORY, TASK};
+use crate::store::lock::{DirLock, Role};
 use crate::store::order::Order;
-use crate::store::overlay::{self, Overlay};
-use crate::store::panics;
-use crate::store::write::{WriteTxn, apply_writes};
-use crate::task::{Status, Task};
+use crate::store::overlay::Overlay;
+use crate::store::write::WriteTxn;
+use crate::task::Task;
 
 /// How to open a data dir.
 #[derive(Debug, Clone)]
@@ -45,6 +40,11 @@ pub struct Options {
     /// own `sync_file_range`, which survives a process crash or `kill -9`
     /// but not a power cut; it exists to measure what power safety costs.
     pub power_safe: bool,
+    /// Disk space kept free on the data dir's filesystem: new work is
+    /// refused while less than this plus what it needs is free, and the
+    /// engine starts no task while less than this is free (see `health`).
+    /// 0 turns the guard off.
+    pub disk_reserve: u64,
 }
 
 impl Default for Options {
@@ -57,6 +57,7 @@ impl Default for Options {
             create: true,
             cache_bytes: 64 << 20,
             power_safe: true,
+            disk_reserve: health::DEFAULT_RESERVE,
         }
     }
 }
@@ -69,22 +70,24 @@ pub(crate) struct Inner {
 
 pub struct Store {
     pub(crate) tree: sled::Db,
-    dir: PathBuf,
+    pub(crate) dir: PathBuf,
     pub(crate) inner: Mutex<Inner>,
     pub(crate) commit: Arc<GroupCommit>,
     pub(crate) clock: SharedClock,
     pub(crate) budget: Budget,
     pub(crate) durability: Durability,
+    pub(crate) reserve: u64,
     /// Committed key writes not yet applied to the tree; every read looks here first.
     pub(crate) overlay: Arc<Overlay>,
     /// sled's files, synced after every flush.
-    files: Arc<DbFiles>,
-    applier: Option<JoinHandle<()>>,
-    corrupt: Vec<CorruptRecord>,
-    recovered: Vec<u64>,
-    poisoned: Arc<std::sync::atomic::AtomicBool>,
-    flusher: Option<(mpsc::Sender<()>, JoinHandle<()>)>,
-    _lock: DirLock,
+    pub(crate) files: Arc<DbFiles>,
+    pub(crate) applier: Option<JoinHandle<()>>,
+    pub(crate) corrupt: Vec<CorruptRecord>,
+    pub(crate) recovered: Vec<u64>,
+    /// Set for good by the first failed sled write or flush.
+    pub(crate) failed: Arc<Failed>,
+    pub(crate) flusher: Option<(mpsc::Sender<()>, JoinHandle<()>)>,
+    pub(crate) _lock: DirLock,
 }
 
 impl std::fmt::Debug for Store {
@@ -93,323 +96,7 @@ impl std::fmt::Debug for Store {
     }
 }
 
-fn lock_dir(dir: &Path, opts: &Options) -> Result<DirLock, OpenError> {
-    let started = Instant::now();
-    loop {
-        match DirLock::try_acquire(dir, opts.role) {
-            Ok(l) => return Ok(l),
-            Err(LockError::Io(source)) => {
-                return Err(OpenError::Io {
-                    dir: dir.to_path_buf(),
-                    source,
-                });
-            }
-            Err(LockError::Held(holder)) => {
-                let waitable = opts.role == Role::Command && holder.role != Some(Role::Daemon);
-                if !waitable || started.elapsed() >= opts.wait_for_lock {
-                    return Err(OpenError::InUse {
-                        dir: dir.to_path_buf(),
-                        holder,
-                    });
-                }
-                std::thread::sleep(Duration::from_millis(10 + fastrand::u64(0..20)));
-            }
-        }
-    }
-}
-
-/// Opens sled in `DIR/db` after checking what it would read: leftovers of an
-/// interrupted snapshot are removed, a database that the marker says existed
-/// but is now missing or empty is refused, and a damaged one (sled returns
-/// corruption, or panics) is an error that says what to do, never a panic.
-fn open_sled(dir: &Path, opts: &Options) -> Result<sled::Db, OpenError> {
-    match files::check_before_open(dir) {
-        Ok(removed) => {
-            for path in removed {
-                log::warn!(
-                    "removed {}, left by a sled snapshot that was interrupted",
-                    path.display()
-                );
-            }
-        }
-        Err(files::Damage::Lost(what)) => {
-            return Err(OpenError::Lost {
-                dir: dir.to_path_buf(),
-                what,
-            });
-        }
-    }
-    let config = sled::Config::new()
-        .path(dir.join(files::DB))
-        .cache_capacity(opts.cache_bytes)
-        .flush_every_ms(None)
-        .mode(sled::Mode::HighThroughput);
-    let opened = panics::catch(|| config.open());
-    let damaged = |detail: String| OpenError::Damaged {
-        dir: dir.to_path_buf(),
-        detail,
-    };
-    match opened {
-        Ok(Ok(tree)) => Ok(tree),
-        Ok(Err(sled::Error::Io(source))) if source.raw_os_error() == Some(libc::ENOSPC) => {
-            Err(OpenError::NoSpace {
-                dir: dir.to_path_buf(),
-                source,
-            })
-        }
-        Ok(Err(e @ (sled::Error::Corruption { .. } | sled::Error::ReportableBug(_)))) => {
-            Err(damaged(e.to_string()))
-        }
-        Ok(Err(source)) => Err(OpenError::Database {
-            dir: dir.to_path_buf(),
-            source,
-        }),
-        Err(panic) => Err(damaged(format!("sled panicked while reading it: {panic}"))),
-    }
-}
-
 impl Store {
-    /// Opens (and if asked, creates) the data dir, recovering interrupted tasks.
-    pub fn open(dir: &Path, opts: Options, clock: SharedClock) -> Result<Store, OpenError> {
-        opts.budget.validate().map_err(OpenError::Options)?;
-        let io_err = |source| OpenError::Io {
-            dir: dir.to_path_buf(),
-            source,
-        };
-        if !dir.exists() && !opts.create {
-            return Err(OpenError::Missing {
-                dir: dir.to_path_buf(),
-            });
-        }
-        files::private_dir(dir).map_err(io_err)?;
-        let lock = lock_dir(dir, &opts)?;
-        let tree = open_sled(dir, &opts)?;
-        let db_files = Arc::new(DbFiles::open(dir, opts.power_safe).map_err(io_err)?);
-        let db_err = |source| OpenError::Database {
-            dir: dir.to_path_buf(),
-            source,
-        };
-
-        // Format check.
-        let format = match tree.get(keys::META_FORMAT).map_err(db_err)? {
-            None => {
-                if tree.iter().next().is_some() {
-                    return Err(OpenError::Format {
-                        dir: dir.to_path_buf(),
-                        found: "missing".into(),
-                        expected: keys::STORE_FORMAT,
-                    });
-                }
-                if files::has_marker(dir) {
-                    return Err(OpenError::Lost {
-                        dir: dir.to_path_buf(),
-                        what: "its database holds no data".into(),
-                    });
-                }
-                overlay::write_mark(&tree, 0).map_err(db_err)?;
-                tree.insert(keys::META_FORMAT, codec::encode(&keys::STORE_FORMAT))
-                    .map_err(db_err)?;
-                tree.flush().map_err(db_err)?;
-                db_files.sync().map_err(io_err)?;
-                keys::STORE_FORMAT
-            }
-            Some(v) => match codec::decode::<u64>(&v) {
-                Ok(f @ (keys::STORE_FORMAT | keys::STORE_FORMAT_V1)) => f,
-                Ok(other) => {
-                    return Err(OpenError::Format {
-                        dir: dir.to_path_buf(),
-                        found: other.to_string(),
-                        expected: keys::STORE_FORMAT,
-                    });
-                }
-                Err(e) => {
-                    return Err(OpenError::Format {
-                        dir: dir.to_path_buf(),
-                        found: format!("unreadable ({e})"),
-                        expected: keys::STORE_FORMAT,
-                    });
-                }
-            },
-        };
-
-        if !files::has_marker(dir) {
-            files::write_marker(dir).map_err(io_err)?;
-        }
-
-        let mut corrupt = Vec::new();
-        let mut next_id = 1u64;
-        let mut next_seq = 1u64;
-        // Every record after the applied mark may be unapplied or partly
-        // applied: apply them again, in order. The last record is always
-        // included (re-applying an applied record is harmless). A format-1
-        // dir has no mark, and only its last record can be partly applied.
-        let last = tree
-            .scan_prefix([EVENT])
-            .next_back()
-            .transpose()
-            .map_err(db_err)?;
-        let last_key = last
-            .as_ref()
-            .and_then(|(k, _)| keys::parse_id_key(k))
-            .unwrap_or(0);
-        let mark = match tree.get(keys::META_APPLIED).map_err(db_err)? {
-            Some(v) if format == keys::STORE_FORMAT => match codec::decode::<u64>(&v) {
-                Ok(m) => m,
-                Err(e) => {
-                    corrupt.push(CorruptRecord {
-                        key: keys::key_display(keys::META_APPLIED),
-                        reason: e.to_string(),
-                    });
-                    0
-                }
-            },
-            Some(_) | None if format == keys::STORE_FORMAT_V1 => last_key.saturating_sub(1),
-            // A format-2 dir always has its mark; without it, re-apply everything.
-            _ => 0,
-        };
-        let from = (mark + 1).min(last_key.max(1));
-        for item in tree.range(keys::id_key(EVENT, from)..=keys::id_key(EVENT, u64::MAX)) {
-            let (k, v) = item.map_err(db_err)?;
-            match codec::decode::<CommitRecord>(&v) {
-                Ok(rec) => {
-                    apply_writes(&tree, &rec.writes).map_err(db_err)?;
-                    next_id = rec.next_id;
-                    next_seq = rec.events.last().map_or(1, |e| e.seq + 1);
-                }
-                Err(e) => {
-                    corrupt.push(CorruptRecord {
-                        key: keys::key_display(&k),
-                        reason: e.to_string(),
-                    });
-                    next_seq = keys::parse_id_key(&k).map_or(1, |s| s + 1);
-                }
-            }
-        }
-        overlay::write_mark(&tree, last_key).map_err(db_err)?;
-        if format == keys::STORE_FORMAT_V1 {
-            tree.insert(keys::META_FORMAT, codec::encode(&keys::STORE_FORMAT))
-                .map_err(db_err)?;
-        }
-        for prefix in [TASK, HISTORY] {
-            if let Some((k, _)) = tree
-                .scan_prefix([prefix])
-                .next_back()
-                .transpose()
-                .map_err(db_err)?
-                && let Some(id) = keys::parse_id_key(&k)
-            {
-                next_id = next_id.max(id + 1);
-            }
-        }
-
-        // Queue order.
-        let mut order = Order::default();
-        for item in tree.scan_prefix([QUEUE]) {
-            let (k, v) = item.map_err(db_err)?;
-            let key = keys::key_display(&k);
-            let parsed = keys::parse_queue_key(&k)
-                .ok_or_else(|| "malformed queue key".to_string())
-                .and_then(|(q, pos)| {
-                    codec::decode::<u64>(&v)
-                        .map(|id| (q, pos, id))
-                        .map_err(|e| e.to_string())
-                });
-            match parsed {
-                Ok((q, pos, id)) => {
-                    if !order.load(q, pos, id) {
-                        corrupt.push(CorruptRecord {
-                            key,
-                            reason: format!("task {id} is in more than one queue position"),
-                        });
-                    }
-                }
-                Err(reason) => corrupt.push(CorruptRecord { key, reason }),
-            }
-        }
-
-        let poisoned = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let overlay = Arc::new(Overlay::new(last_key));
-        let applier = overlay
-            .spawn(tree.clone(), poisoned.clone())
-            .map_err(|source| OpenError::Io {
-                dir: dir.to_path_buf(),
-                source,
-            })?;
-        let commit = Arc::new(GroupCommit::default());
-        let flusher = match opts.durability {
-            Durability::Sync => None,
-            Durability::Batched { interval } => Some(
-                spawn_flusher(tree.clone(), db_files.clone(), commit.clone(), interval).map_err(
-                    |source| OpenError::Io {
-                        dir: dir.to_path_buf(),
-                        source,
-                    },
-                )?,
-            ),
-        };
-        let mut store = Store {
-            tree,
-            dir: dir.to_path_buf(),
-            inner: Mutex::new(Inner {
-                order,
-                next_id,
-                next_seq,
-            }),
-            commit,
-            clock,
-            budget: opts.budget,
-            durability: opts.durability,
-            overlay,
-            files: db_files,
-            applier: Some(applier),
-            corrupt,
-            recovered: Vec::new(),
-            poisoned,
-            flusher,
-            _lock: lock,
-        };
-        store.recover().map_err(|source| OpenError::Recover {
-            dir: dir.to_path_buf(),
-            source: Box::new(source),
-        })?;
-        for c in &store.corrupt {
-            log::warn!("{}: {c}", store.dir.display());
-        }
-        Ok(store)
-    }
-
-    /// Puts tasks that were running when the process died back to waiting.
-    fn recover(&mut self) -> Result<(), WriteError> {
-        let mut interrupted = Vec::new();
-        for item in self.tree.scan_prefix([TASK]) {
-            let (k, v) = item?;
-            match codec::decode::<Task>(&v) {
-                Ok(t) if t.status == Status::Running => interrupted.push(t.id),
-                Ok(_) => {}
-                Err(e) => self.corrupt.push(CorruptRecord {
-                    key: keys::key_display(&k),
-                    reason: e.to_string(),
-                }),
-            }
-        }
-        if interrupted.is_empty() {
-            return Ok(());
-        }
-        let mut txn = self.write();
-        for id in &interrupted {
-            txn.fail(*id, INTERRUPTED.to_string(), None)?;
-        }
-        txn.commit()?;
-        log::info!(
-            "{}: {} interrupted task(s) put back to wait: {:?}",
-            self.dir.display(),
-            interrupted.len(),
-            interrupted
-        );
-        self.recovered = interrupted;
-        Ok(())
-    }
-
     /// Starts a write transaction. It holds the store's write lock until
     /// committed or dropped (dropping discards it).
     pub fn write(&self) -> WriteTxn<'_> {
@@ -420,12 +107,30 @@ impl Store {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub(crate) fn poisoned(&self) -> bool {
-        self.poisoned.load(std::sync::atomic::Ordering::SeqCst)
+    /// Why the store stopped writing, if it did (see `health`). It then
+    /// refuses every commit until the data dir is opened again.
+    pub fn failure(&self) -> Option<String> {
+        self.failed.reason()
+    }
+
+    /// Bytes free on the data dir's filesystem.
+    pub fn free_space(&self) -> std::io::Result<u64> {
+        health::free_bytes(&self.dir)
+    }
+
+    /// The disk space kept free (0: no guard).
+    pub fn disk_reserve(&self) -> u64 {
+        self.reserve
+    }
+
+    /// Whether less than the reserve is free: the engine then starts no
+    /// task, so that the tasks running can still record how they ended.
+    pub fn below_reserve(&self) -> Option<SpaceError> {
+        health::check_space(&self.dir, self.reserve, 0).err()
     }
 
     pub(crate) fn flush_now(&self) -> std::io::Result<()> {
-        flush_durable(&self.tree, &self.files)
+        flush_durable(&self.tree, &self.files, &self.failed)
     }
 
     /// Flushes everything written so far to disk.
@@ -475,12 +180,9 @@ impl Store {
     fn read_record<T: bincode::Decode<()>>(&self, key: &[u8]) -> Result<Option<T>, ReadError> {
         match self.get_raw(key)? {
             None => Ok(None),
-            Some(v) => codec::decode(&v).map(Some).map_err(|e| {
-                ReadError::Corrupt(CorruptRecord {
-                    key: keys::key_display(key),
-                    reason: e.to_string(),
-                })
-            }),
+            Some(v) => codec::decode(&v)
+                .map(Some)
+                .map_err(|e| ReadError::Corrupt(CorruptRecord::new(key, e))),
         }
     }
 
@@ -516,12 +218,7 @@ impl Store {
         // Pending writes first, so a key the applier writes meanwhile is read
         // with a value at least as new as the one it had when the scan began.
         let mut pending = self.overlay.prefix(prefix).into_iter().peekable();
-        let decode = |k: &[u8], v: &[u8]| {
-            codec::decode(v).map_err(|e| CorruptRecord {
-                key: keys::key_display(k),
-                reason: e.to_string(),
-            })
-        };
+        let decode = |k: &[u8], v: &[u8]| codec::decode(v).map_err(|e| CorruptRecord::new(k, e));
         let mut out = Vec::new();
         for item in self.tree.scan_prefix([prefix]) {
             let (k, v) = match item {
@@ -579,10 +276,7 @@ impl Store {
                         reason: e.to_string(),
                     })
                     .and_then(|(k, v)| {
-                        codec::decode::<CommitRecord>(&v).map_err(|e| CorruptRecord {
-                            key: keys::key_display(&k),
-                            reason: e.to_string(),
-                        })
+                        codec::decode::<CommitRecord>(&v).map_err(|e| CorruptRecord::new(&k, e))
                     });
                 let items: Vec<Result<Event, CorruptRecord>> = match decoded {
                     Ok(rec) => rec
@@ -631,15 +325,29 @@ impl Store {
     }
 }
 
-/// Flushes sled, then makes what it wrote durable (see `files`).
-fn flush_durable(tree: &sled::Db, files: &DbFiles) -> std::io::Result<()> {
-    tree.flush().map_err(std::io::Error::other)?;
-    files.sync()
+/// Flushes sled, then makes what it wrote durable (see `files`). The first
+/// error marks the store failed; a failed store never calls sled again.
+fn flush_durable(tree: &sled::Db, files: &DbFiles, failed: &Failed) -> std::io::Result<()> {
+    if let Some(why) = failed.reason() {
+        return Err(std::io::Error::other(format!(
+            "the store stopped writing earlier: {why}"
+        )));
+    }
+    let r = tree
+        .flush()
+        .map(|_| ())
+        .map_err(std::io::Error::other)
+        .and_then(|()| files.sync());
+    if let Err(e) = &r {
+        failed.fail(tree, e);
+    }
+    r
 }
 
-fn spawn_flusher(
+pub(crate) fn spawn_flusher(
     tree: sled::Db,
     files: Arc<DbFiles>,
+    failed: Arc<Failed>,
     commit: Arc<GroupCommit>,
     interval: Duration,
 ) -> std::io::Result<(mpsc::Sender<()>, JoinHandle<()>)> {
@@ -653,7 +361,7 @@ fn spawn_flusher(
                     _ => return,
                 }
                 if commit.pending() {
-                    let r = commit.flush_all(|| flush_durable(&tree, &files));
+                    let r = commit.flush_all(|| flush_durable(&tree, &files, &failed));
                     if let Err(e) = r {
                         log::error!("batched flush failed: {e}");
                     }
@@ -667,14 +375,25 @@ impl Drop for Store {
     fn drop(&mut self) {
         if let Some((tx, handle)) = self.flusher.take() {
             drop(tx);
-            let _ = handle.join();
+            if !self.failed.is_failed() {
+                let _ = handle.join();
+            }
         }
         // Apply everything pending, so the tree alone holds the state.
         self.overlay.stop();
-        if let Some(handle) = self.applier.take() {
+        if let Some(handle) = self.applier.take()
+            && !self.failed.is_failed()
+        {
             let _ = handle.join();
         }
-        if let Err(e) = self.flush() {
+        // A failed store never waits on sled again (see `health`); the
+        // records it acknowledged are in sled's log and reopening applies them.
+        if self.failed.is_failed() {
+            return;
+        }
+        // Everything, including what the applier wrote after the last
+        // commit's flush, so that a closed data dir is whole on disk.
+        if let Err(e) = self.flush_now() {
             log::error!("{}: final flush failed: {e}", self.dir.display());
         }
     }

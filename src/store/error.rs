@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use crate::budget::BudgetError;
-use crate::store::lock::{Holder, Role};
+use crate::store::lock::Holder;
 use crate::store::order::OrderError;
 
 /// A record that failed its checks, with the key it was stored under.
@@ -16,12 +16,20 @@ pub struct CorruptRecord {
     pub reason: String,
 }
 
+impl CorruptRecord {
+    /// The record stored under `key` (raw bytes, shown readably) is corrupt.
+    pub fn new(key: &[u8], reason: impl std::fmt::Display) -> Self {
+        CorruptRecord {
+            key: crate::store::keys::key_display(key),
+            reason: reason.to_string(),
+        }
+    }
+}
+
 fn holder_text(h: &Holder) -> String {
-    match (h.role, h.pid) {
-        (Some(Role::Daemon), Some(pid)) => format!(" (a daemon, pid {pid})"),
-        (Some(Role::Command), Some(pid)) => format!(" (a command, pid {pid})"),
-        (_, Some(pid)) => format!(" (pid {pid})"),
-        _ => String::new(),
+    match h.pid {
+        Some(_) => format!(" ({h})"),
+        None => String::new(),
     }
 }
 
@@ -107,8 +115,13 @@ pub enum WriteError {
         "the change was applied but flushing it to disk failed (it may or may not survive a crash): {0}"
     )]
     Flush(std::io::Error),
-    #[error("an earlier write failed half way; reopen the data dir to repair it")]
-    Poisoned,
+    #[error(
+        "the store stopped writing after an earlier failure ({0}); restart berth (reopen the data \
+         dir) to repair it"
+    )]
+    Failed(String),
+    #[error(transparent)]
+    NoSpace(#[from] crate::store::health::SpaceError),
 }
 
 impl From<ReadError> for WriteError {

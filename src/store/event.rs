@@ -110,6 +110,12 @@ impl EventKind {
         }
     }
 
+    /// New work, which the disk-space guard refuses while space is short
+    /// (see `health`): a task added or a dead letter put back.
+    pub fn is_new_work(&self) -> bool {
+        matches!(self, EventKind::Enqueued { .. } | EventKind::Retried { .. })
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             EventKind::Enqueued { .. } => "enqueued",

@@ -34,6 +34,23 @@ pub struct Holder {
     pub pid: Option<u32>,
 }
 
+impl std::fmt::Display for Holder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let who = match self.role {
+            Some(Role::Daemon) => "a daemon",
+            Some(Role::Command) => "a command",
+            None => "another berth process",
+        };
+        match self.pid {
+            Some(pid) => write!(f, "{who}, pid {pid}"),
+            None => f.write_str(who),
+        }
+    }
+}
+
+/// The file in which a daemon that waits for the lock announces itself.
+const STARTING: &str = "berth.starting";
+
 #[derive(Debug)]
 pub struct DirLock {
     _file: File,
@@ -66,6 +83,31 @@ impl DirLock {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// A daemon waits for the lock: new commands should step aside and wait
+    /// for its socket instead of taking the lock again.
+    pub fn announce_start(dir: &Path) -> std::io::Result<()> {
+        let mut f = super::files::open_private(&dir.join(STARTING))?;
+        f.set_len(0)?;
+        f.write_all(format!("{}\n", std::process::id()).as_bytes())
+    }
+
+    /// The waiting daemon has the lock (or gave up).
+    pub fn withdraw_start(dir: &Path) {
+        let _ = std::fs::remove_file(dir.join(STARTING));
+    }
+
+    /// The pid of a live daemon that waits for the lock, if one does. A file
+    /// left by a daemon that died while waiting is ignored.
+    pub fn daemon_starting(dir: &Path) -> Option<u32> {
+        let text = std::fs::read_to_string(dir.join(STARTING)).ok()?;
+        let pid: u32 = text.trim().parse().ok()?;
+        let pid_t = i32::try_from(pid).ok().filter(|p| *p > 0)?;
+        // SAFETY: kill(2) with signal 0 only checks that the process exists.
+        let alive = unsafe { libc::kill(pid_t, 0) } == 0
+            || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+        alive.then_some(pid)
     }
 }
 

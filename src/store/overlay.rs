@@ -19,13 +19,14 @@
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use sled::IVec;
 
 use crate::codec;
+use crate::store::event::KeyWrite;
+use crate::store::health::Failed;
 use crate::store::keys;
 
 /// How long the applier lets commits gather after it wakes up.
@@ -129,10 +130,7 @@ impl Overlay {
             (snap, st.version, st.committed_record)
         };
         for (k, v, _) in &snapshot {
-            match v {
-                Some(v) => tree.insert(k.as_slice(), v.clone())?,
-                None => tree.remove(k.as_slice())?,
-            };
+            apply_one(tree, k, v.as_deref())?;
         }
         if mark.due() {
             write_mark(tree, record)?;
@@ -148,11 +146,12 @@ impl Overlay {
         Ok(true)
     }
 
-    /// Starts the applier thread. On a failed write it sets `poisoned` and stops.
+    /// Starts the applier thread. A failed write marks the store failed and
+    /// ends it; so does a store that failed elsewhere.
     pub fn spawn(
         self: &Arc<Self>,
         tree: sled::Db,
-        poisoned: Arc<AtomicBool>,
+        failed: Arc<Failed>,
     ) -> std::io::Result<JoinHandle<()>> {
         let me = self.clone();
         std::thread::Builder::new()
@@ -160,14 +159,18 @@ impl Overlay {
             .spawn(move || {
                 let mut mark = MarkTimer::default();
                 loop {
-                    match me.apply_round(&tree, &mut mark) {
+                    let round = if failed.is_failed() {
+                        Err(None)
+                    } else {
+                        me.apply_round(&tree, &mut mark).map_err(Some)
+                    };
+                    match round {
                         Ok(true) => continue,
                         Ok(false) => {}
                         Err(e) => {
-                            log::error!(
-                                "applying committed writes failed: {e}; reopen the data dir to repair it"
-                            );
-                            poisoned.store(true, Ordering::SeqCst);
+                            if let Some(e) = e {
+                                failed.fail(&tree, format!("applying committed writes: {e}"));
+                            }
                             let mut st = me.lock();
                             st.failed = true;
                             me.cv.notify_all();
@@ -198,6 +201,23 @@ impl Overlay {
         self.lock().stop = true;
         self.cv.notify_all();
     }
+}
+
+/// Makes a commit record's key writes in the tree (open re-applies records
+/// with it; the applier does the same for the overlay's snapshot).
+pub(crate) fn apply_writes(tree: &sled::Db, writes: &[KeyWrite]) -> Result<(), sled::Error> {
+    for w in writes {
+        apply_one(tree, &w.key, w.value.as_deref())?;
+    }
+    Ok(())
+}
+
+fn apply_one(tree: &sled::Db, key: &[u8], value: Option<&[u8]>) -> Result<(), sled::Error> {
+    match value {
+        Some(v) => tree.insert(key, v)?,
+        None => tree.remove(key)?,
+    };
+    Ok(())
 }
 
 /// Writes `mapplied`: every commit record up to `record` is applied.

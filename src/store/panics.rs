@@ -51,7 +51,7 @@ fn install_hook() {
 }
 
 /// Runs `f`; a panic becomes `Err(message)`.
-pub(crate) fn catch<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+pub fn catch<T>(f: impl FnOnce() -> T) -> Result<T, String> {
     install_hook();
     CAUGHT.with(|c| *c.borrow_mut() = Some(None));
     let r = panic::catch_unwind(AssertUnwindSafe(f));

@@ -25,6 +25,7 @@ use crate::store::db::{Inner, Store};
 use crate::store::durability::Durability;
 use crate::store::error::{CorruptRecord, WriteError};
 use crate::store::event::{self, CommitRecord, Event, EventKind, KeyWrite};
+use crate::store::health;
 use crate::store::keys::{self, EVENT, HISTORY, TASK};
 use crate::store::order::{KeyOp, Placement, Undo};
 use crate::task::{Status, Task, check_name};
@@ -66,6 +67,8 @@ pub struct WriteTxn<'s> {
     next_id: u64,
     next_seq: u64,
     first_new_id: u64,
+    /// May write into the disk reserve (see `health`).
+    reserve: bool,
 }
 
 impl<'s> WriteTxn<'s> {
@@ -83,7 +86,14 @@ impl<'s> WriteTxn<'s> {
             next_id,
             next_seq,
             first_new_id: next_id,
+            reserve: false,
         }
+    }
+
+    /// Lets this transaction add tasks while space is short: it records
+    /// work already under way (the engine's step with its follow-ups).
+    pub fn use_reserve(&mut self) {
+        self.reserve = true;
     }
 
     fn inner(&mut self) -> &mut Inner {
@@ -462,8 +472,8 @@ impl<'s> WriteTxn<'s> {
                 events: 0,
             });
         }
-        if self.store.poisoned() {
-            return Err(WriteError::Poisoned);
+        if let Some(why) = self.store.failure() {
+            return Err(WriteError::Failed(why));
         }
         let mut writes = Vec::with_capacity(self.ops.len() + self.slots.len());
         for op in &self.ops {
@@ -520,8 +530,18 @@ impl<'s> WriteTxn<'s> {
             }));
         }
         let store = self.store;
+        if !self.reserve && record.events.iter().any(|e| e.kind.is_new_work()) {
+            health::check_space(
+                &store.dir,
+                store.reserve,
+                health::need_for_record(bytes.len()),
+            )?;
+        }
         store.overlay.wait_for_room();
-        store.tree.insert(keys::id_key(EVENT, first_seq), bytes)?;
+        if let Err(e) = store.tree.insert(keys::id_key(EVENT, first_seq), bytes) {
+            store.failed.fail(&store.tree, &e);
+            return Err(WriteError::Database(e));
+        }
         // The record is in: its key writes go to the overlay, where readers
         // see them at once, and the applier writes them to the tree later.
         let events = record.events.len();
@@ -550,17 +570,6 @@ impl<'s> WriteTxn<'s> {
         }
         Ok(receipt)
     }
-}
-
-/// Makes a commit record's key writes in the tree (used by open to re-apply records).
-pub(crate) fn apply_writes(tree: &sled::Db, writes: &[KeyWrite]) -> Result<(), sled::Error> {
-    for w in writes {
-        match &w.value {
-            Some(v) => tree.insert(&w.key, v.as_slice())?,
-            None => tree.remove(&w.key)?,
-        };
-    }
-    Ok(())
 }
 
 impl Drop for WriteTxn<'_> {

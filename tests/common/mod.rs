@@ -2,7 +2,9 @@
 //! and running the real `berth` binary.
 #![allow(dead_code)]
 
+pub mod daemon;
 pub mod lazyfs;
+pub mod tmpfs;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -1,0 +1,163 @@
+//! Whether the store can write: a failure that stops it for good, and the
+//! disk space that is left.
+//!
+//! **Failed.** When sled or an fsync returns an error (a disk that filled
+//! past the guard below, an I/O error), sled 0.34 cannot be trusted to make
+//! progress again: a write it abandoned half way leaves a hole in its log,
+//! and every later flush, including the one sled runs when its last handle
+//! is dropped, waits for ever. So the first error marks the store
+//! [`Failed`]: berth never calls sled's write or flush path again, every
+//! commit is refused at once, and one handle to the tree is leaked so that
+//! sled's drop never runs. Reopening the data dir repairs it (sled recovers
+//! a prefix of its log, berth re-applies the records after its mark).
+//!
+//! **Space.** berth refuses new work (an enqueue, a retry) unless the data
+//! dir's filesystem has the reserve plus what the commit may need free, and
+//! the engine starts no task while less than the reserve is free. So sled
+//! should never see ENOSPC: what is left is kept for running tasks to
+//! record how they ended, and for stopping. Writes resume by themselves
+//! once space is freed: every check asks the filesystem again.
+
+use std::path::Path;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::units::format_size;
+
+/// The reserve kept free by default. sled writes a value of over about
+/// 128 KiB, and a leaf page holding such values, to a blob file of its own
+/// each time the page changes, so a commit of one large task can take a few
+/// MiB of disk until sled collects the old copies.
+pub const DEFAULT_RESERVE: u64 = 64 << 20;
+
+/// What a commit may need on disk, from its record's size: the record, the
+/// task keys the applier writes, and sled rewriting the pages that hold
+/// them (measured: about 1.2 MiB of disk per 150 KiB task), plus one sled
+/// log segment.
+pub fn need_for_record(bytes: usize) -> u64 {
+    8 * bytes as u64 + (512 << 10)
+}
+
+/// The store has stopped writing for good.
+#[derive(Debug, Default)]
+pub(crate) struct Failed {
+    flag: AtomicBool,
+    reason: Mutex<Option<String>>,
+}
+
+impl Failed {
+    /// Marks the store failed (the first reason is kept) and leaks one
+    /// handle to the tree so that sled's drop, which flushes, never runs.
+    pub fn fail(&self, tree: &sled::Db, reason: impl std::fmt::Display) {
+        let mut r = self.reason.lock().unwrap_or_else(|p| p.into_inner());
+        if r.is_none() {
+            *r = Some(reason.to_string());
+            std::mem::forget(tree.clone());
+            self.flag.store(true, Ordering::SeqCst);
+            log::error!("the store stopped writing: {reason}; reopen the data dir to repair it");
+        }
+    }
+
+    pub fn is_failed(&self) -> bool {
+        self.flag.load(Ordering::SeqCst)
+    }
+
+    /// Why the store failed, if it did.
+    pub fn reason(&self) -> Option<String> {
+        if !self.is_failed() {
+            return None;
+        }
+        self.reason
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+/// Bytes free for an unprivileged writer on the filesystem holding `dir`.
+pub fn free_bytes(dir: &Path) -> std::io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: statvfs(3) fills `st` when it returns 0; `c` is a valid C string.
+    let r = unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: statvfs returned 0, so `st` is initialized.
+    let st = unsafe { st.assume_init() };
+    Ok((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+}
+
+/// Not enough free disk space for what was asked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "not enough disk space in {dir}: {} free, {} needed ({} for this change and a reserve of {} \
+     kept so that running tasks can record how they end); free some space and try again",
+    format_size(*free),
+    format_size(need + reserve),
+    format_size(*need),
+    format_size(*reserve)
+)]
+pub struct SpaceError {
+    pub dir: String,
+    pub free: u64,
+    pub need: u64,
+    pub reserve: u64,
+}
+
+/// Checks that `need` bytes plus the reserve are free on `dir`'s filesystem.
+/// A filesystem that cannot be asked passes (the write itself will tell).
+pub fn check_space(dir: &Path, reserve: u64, need: u64) -> Result<(), SpaceError> {
+    if reserve == 0 {
+        return Ok(());
+    }
+    match free_bytes(dir) {
+        Ok(free) if free < reserve.saturating_add(need) => Err(SpaceError {
+            dir: dir.display().to_string(),
+            free,
+            need,
+            reserve,
+        }),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn space_is_checked_against_the_reserve_and_the_need() {
+        let dir = tempfile::tempdir().unwrap();
+        let free = free_bytes(dir.path()).unwrap();
+        assert!(free > 0);
+        assert!(check_space(dir.path(), 1, 0).is_ok());
+        assert!(
+            check_space(dir.path(), 0, u64::MAX).is_ok(),
+            "0 turns it off"
+        );
+        let e = check_space(dir.path(), u64::MAX / 2, 1 << 20).unwrap_err();
+        assert_eq!(e.need, 1 << 20);
+        let msg = e.to_string();
+        assert!(msg.contains("not enough disk space in"), "{msg}");
+        assert!(msg.contains("1 MiB for this change"), "{msg}");
+    }
+
+    #[test]
+    fn a_failure_keeps_its_first_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let tree = sled::Config::new()
+            .path(dir.path().join("db"))
+            .temporary(true)
+            .open()
+            .unwrap();
+        let f = Failed::default();
+        assert_eq!(f.reason(), None);
+        f.fail(&tree, "disk full");
+        f.fail(&tree, "later");
+        assert!(f.is_failed());
+        assert_eq!(f.reason().as_deref(), Some("disk full"));
+    }
+}

@@ -1,0 +1,492 @@
+//! Opening a data dir, as named steps (ARCHITECTURE.md lists them in the same
+//! order):
+//!
+//! 1. [`prepare_dir`]: the data dir exists (or is created) with mode 0700.
+//! 2. [`lock_dir`]: the `flock` on `DIR/berth.lock`; a command waits for
+//!    another command, a daemon waits for commands (and tells them so), and
+//!    nobody waits for a daemon.
+//! 3. [`open_sled`]: leftovers of an interrupted snapshot removed, a lost or
+//!    damaged database refused with an error that says what to do.
+//! 4. [`check_format`]: `mformat`, or a new store (format, mark, marker).
+//! 5. [`reapply`]: every commit record after the applied mark, in order;
+//!    `next_id` and `next_seq` from the last one.
+//! 6. [`load_order`]: the queue order index from the `q` keys.
+//! 7. `Store::open` starts the applier (and the batched flusher), then
+//!    [`Store::recover`]s tasks that were running.
+//!
+//! After sled is open, any sled error marks the store failed (see `health`),
+//! so that dropping the half-opened tree never waits on sled.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::clock::SharedClock;
+use crate::codec;
+use crate::store::db::{Inner, Options, Store};
+use crate::store::durability::{Durability, GroupCommit};
+use crate::store::error::{CorruptRecord, OpenError, WriteError};
+use crate::store::event::{CommitRecord, INTERRUPTED};
+use crate::store::files::{self, DbFiles};
+use crate::store::health::Failed;
+use crate::store::keys::{self, EVENT, HISTORY, QUEUE, TASK};
+use crate::store::lock::{DirLock, Holder, LockError, Role};
+use crate::store::order::Order;
+use crate::store::overlay::{self, Overlay};
+use crate::store::panics;
+use crate::task::{Status, Task};
+
+/// How often a daemon waiting for commands says so in the log.
+const WAIT_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Step 1: the data dir exists with mode 0700 (created if asked).
+fn prepare_dir(dir: &Path, opts: &Options) -> Result<(), OpenError> {
+    if !dir.exists() && !opts.create {
+        return Err(OpenError::Missing {
+            dir: dir.to_path_buf(),
+        });
+    }
+    files::private_dir(dir).map_err(|source| OpenError::Io {
+        dir: dir.to_path_buf(),
+        source,
+    })
+}
+
+/// Step 2: takes the data dir's lock. A command waits up to
+/// `opts.wait_for_lock` while another command holds it, and not at all for a
+/// daemon or a daemon that waits to start. A daemon waits as long as
+/// commands hold it, and announces itself (`berth.starting`) so that new
+/// commands step aside and wait for its socket instead.
+fn lock_dir(dir: &Path, opts: &Options) -> Result<DirLock, OpenError> {
+    let started = Instant::now();
+    let mut announced = None;
+    let mut logged = started;
+    loop {
+        let in_use = |holder| OpenError::InUse {
+            dir: dir.to_path_buf(),
+            holder,
+        };
+        if opts.role == Role::Command
+            && let Some(pid) = DirLock::daemon_starting(dir)
+        {
+            return Err(in_use(Holder {
+                role: Some(Role::Daemon),
+                pid: Some(pid),
+            }));
+        }
+        match DirLock::try_acquire(dir, opts.role) {
+            Ok(l) => {
+                if announced.is_some() {
+                    DirLock::withdraw_start(dir);
+                }
+                return Ok(l);
+            }
+            Err(LockError::Io(source)) => {
+                return Err(OpenError::Io {
+                    dir: dir.to_path_buf(),
+                    source,
+                });
+            }
+            Err(LockError::Held(holder)) => {
+                let by_daemon = holder.role == Some(Role::Daemon);
+                match opts.role {
+                    Role::Daemon if !by_daemon => {
+                        if announced.is_none() {
+                            DirLock::announce_start(dir).map_err(|source| OpenError::Io {
+                                dir: dir.to_path_buf(),
+                                source,
+                            })?;
+                            log::info!(
+                                "waiting for {} to release data dir {}",
+                                holder,
+                                dir.display()
+                            );
+                            announced = Some(());
+                        } else if logged.elapsed() >= WAIT_LOG_EVERY {
+                            logged = Instant::now();
+                            log::info!(
+                                "still waiting for {} to release data dir {} ({} s)",
+                                holder,
+                                dir.display(),
+                                started.elapsed().as_secs()
+                            );
+                        }
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                    Role::Command if !by_daemon && started.elapsed() < opts.wait_for_lock => {
+                        std::thread::sleep(Duration::from_millis(10 + fastrand::u64(0..20)));
+                    }
+                    _ => {
+                        if announced.is_some() {
+                            DirLock::withdraw_start(dir);
+                        }
+                        return Err(in_use(holder));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Step 3: opens sled in `DIR/db` after checking what it would read:
+/// leftovers of an interrupted snapshot are removed, a database that the
+/// marker says existed but is now missing or empty is refused, and a damaged
+/// one (sled returns corruption, or panics) is an error that says what to
+/// do, never a panic.
+fn open_sled(dir: &Path, opts: &Options) -> Result<sled::Db, OpenError> {
+    match files::check_before_open(dir) {
+        Ok(removed) => {
+            for path in removed {
+                log::warn!(
+                    "removed {}, left by a sled snapshot that was interrupted",
+                    path.display()
+                );
+            }
+        }
+        Err(files::Damage::Lost(what)) => {
+            return Err(OpenError::Lost {
+                dir: dir.to_path_buf(),
+                what,
+            });
+        }
+    }
+    let config = sled::Config::new()
+        .path(dir.join(files::DB))
+        .cache_capacity(opts.cache_bytes)
+        .flush_every_ms(None)
+        .mode(sled::Mode::HighThroughput);
+    let damaged = |detail: String| OpenError::Damaged {
+        dir: dir.to_path_buf(),
+        detail,
+    };
+    match panics::catch(|| config.open()) {
+        Ok(Ok(tree)) => Ok(tree),
+        Ok(Err(sled::Error::Io(source))) if source.raw_os_error() == Some(libc::ENOSPC) => {
+            Err(OpenError::NoSpace {
+                dir: dir.to_path_buf(),
+                source,
+            })
+        }
+        Ok(Err(e @ (sled::Error::Corruption { .. } | sled::Error::ReportableBug(_)))) => {
+            Err(damaged(e.to_string()))
+        }
+        Ok(Err(source)) => Err(OpenError::Database {
+            dir: dir.to_path_buf(),
+            source,
+        }),
+        Err(panic) => Err(damaged(format!("sled panicked while reading it: {panic}"))),
+    }
+}
+
+/// The open sled tree with the means to report its errors: a sled error
+/// marks the store failed (so the tree's drop never flushes) and becomes an
+/// `OpenError` naming the data dir.
+struct Opening<'a> {
+    dir: &'a Path,
+    tree: &'a sled::Db,
+    failed: &'a Failed,
+}
+
+impl Opening<'_> {
+    fn db(&self, source: sled::Error) -> OpenError {
+        self.failed.fail(self.tree, &source);
+        match source {
+            sled::Error::Io(source) if source.raw_os_error() == Some(libc::ENOSPC) => {
+                OpenError::NoSpace {
+                    dir: self.dir.to_path_buf(),
+                    source,
+                }
+            }
+            source => OpenError::Database {
+                dir: self.dir.to_path_buf(),
+                source,
+            },
+        }
+    }
+
+    fn io(&self, source: std::io::Error) -> OpenError {
+        self.failed.fail(self.tree, &source);
+        if source.raw_os_error() == Some(libc::ENOSPC) {
+            return OpenError::NoSpace {
+                dir: self.dir.to_path_buf(),
+                source,
+            };
+        }
+        OpenError::Io {
+            dir: self.dir.to_path_buf(),
+            source,
+        }
+    }
+
+    fn format_error(&self, found: String) -> OpenError {
+        OpenError::Format {
+            dir: self.dir.to_path_buf(),
+            found,
+            expected: keys::STORE_FORMAT,
+        }
+    }
+}
+
+/// Step 4: the store format. An empty tree becomes a new store: format,
+/// applied mark, a flush, and the marker file (unless the marker says a
+/// store was here: then its data was lost).
+fn check_format(o: &Opening<'_>, files: &DbFiles) -> Result<u64, OpenError> {
+    let tree = o.tree;
+    let format = match tree.get(keys::META_FORMAT).map_err(|e| o.db(e))? {
+        None => {
+            if tree.iter().next().is_some() {
+                return Err(o.format_error("missing".into()));
+            }
+            if files::has_marker(o.dir) {
+                return Err(OpenError::Lost {
+                    dir: o.dir.to_path_buf(),
+                    what: "its database holds no data".into(),
+                });
+            }
+            overlay::write_mark(tree, 0).map_err(|e| o.db(e))?;
+            tree.insert(keys::META_FORMAT, codec::encode(&keys::STORE_FORMAT))
+                .map_err(|e| o.db(e))?;
+            tree.flush().map_err(|e| o.db(e))?;
+            files.sync().map_err(|e| o.io(e))?;
+            keys::STORE_FORMAT
+        }
+        Some(v) => match codec::decode::<u64>(&v) {
+            Ok(f @ (keys::STORE_FORMAT | keys::STORE_FORMAT_V1)) => f,
+            Ok(other) => return Err(o.format_error(other.to_string())),
+            Err(e) => return Err(o.format_error(format!("unreadable ({e})"))),
+        },
+    };
+    if !files::has_marker(o.dir) {
+        files::write_marker(o.dir).map_err(|e| o.io(e))?;
+    }
+    Ok(format)
+}
+
+/// What [`reapply`] found.
+struct Replayed {
+    /// The key (first event number) of the last commit record.
+    last_record: u64,
+    next_id: u64,
+    next_seq: u64,
+}
+
+/// Step 5: applies again, in order, every commit record after the applied
+/// mark (they may be unapplied or partly applied), and always the last one
+/// (re-applying an applied record is harmless). A format-1 dir has no mark,
+/// and only its last record can be partly applied. Then `next_id` is raised
+/// past the highest task id.
+fn reapply(
+    o: &Opening<'_>,
+    format: u64,
+    corrupt: &mut Vec<CorruptRecord>,
+) -> Result<Replayed, OpenError> {
+    let tree = o.tree;
+    let last_record = tree
+        .scan_prefix([EVENT])
+        .next_back()
+        .transpose()
+        .map_err(|e| o.db(e))?
+        .and_then(|(k, _)| keys::parse_id_key(&k))
+        .unwrap_or(0);
+    let mark = match tree.get(keys::META_APPLIED).map_err(|e| o.db(e))? {
+        Some(v) if format == keys::STORE_FORMAT => codec::decode::<u64>(&v).unwrap_or_else(|e| {
+            corrupt.push(CorruptRecord::new(keys::META_APPLIED, e));
+            0
+        }),
+        Some(_) | None if format == keys::STORE_FORMAT_V1 => last_record.saturating_sub(1),
+        // A format-2 dir always has its mark; without it, re-apply everything.
+        _ => 0,
+    };
+    let (mut next_id, mut next_seq) = (1, 1);
+    let from = (mark + 1).min(last_record.max(1));
+    for item in tree.range(keys::id_key(EVENT, from)..=keys::id_key(EVENT, u64::MAX)) {
+        let (k, v) = item.map_err(|e| o.db(e))?;
+        match codec::decode::<CommitRecord>(&v) {
+            Ok(rec) => {
+                overlay::apply_writes(tree, &rec.writes).map_err(|e| o.db(e))?;
+                next_id = rec.next_id;
+                next_seq = rec.events.last().map_or(1, |e| e.seq + 1);
+            }
+            Err(e) => {
+                corrupt.push(CorruptRecord::new(&k, e));
+                next_seq = keys::parse_id_key(&k).map_or(1, |s| s + 1);
+            }
+        }
+    }
+    overlay::write_mark(tree, last_record).map_err(|e| o.db(e))?;
+    if format == keys::STORE_FORMAT_V1 {
+        tree.insert(keys::META_FORMAT, codec::encode(&keys::STORE_FORMAT))
+            .map_err(|e| o.db(e))?;
+    }
+    for prefix in [TASK, HISTORY] {
+        if let Some((k, _)) = tree
+            .scan_prefix([prefix])
+            .next_back()
+            .transpose()
+            .map_err(|e| o.db(e))?
+            && let Some(id) = keys::parse_id_key(&k)
+        {
+            next_id = next_id.max(id + 1);
+        }
+    }
+    Ok(Replayed {
+        last_record,
+        next_id,
+        next_seq,
+    })
+}
+
+/// Step 6: the queue order index from every `q` key. A malformed key or a
+/// task in two positions is reported as corrupt.
+fn load_order(o: &Opening<'_>, corrupt: &mut Vec<CorruptRecord>) -> Result<Order, OpenError> {
+    let mut order = Order::default();
+    for item in o.tree.scan_prefix([QUEUE]) {
+        let (k, v) = item.map_err(|e| o.db(e))?;
+        let parsed = keys::parse_queue_key(&k)
+            .ok_or_else(|| "malformed queue key".to_string())
+            .and_then(|(q, pos)| {
+                codec::decode::<u64>(&v)
+                    .map(|id| (q, pos, id))
+                    .map_err(|e| e.to_string())
+            });
+        match parsed {
+            Ok((q, pos, id)) => {
+                if !order.load(q, pos, id) {
+                    corrupt.push(CorruptRecord::new(
+                        &k,
+                        format!("task {id} is in more than one queue position"),
+                    ));
+                }
+            }
+            Err(reason) => corrupt.push(CorruptRecord::new(&k, reason)),
+        }
+    }
+    Ok(order)
+}
+
+impl Store {
+    /// Opens (and if asked, creates) the data dir, recovering interrupted
+    /// tasks. The steps are in this module's doc.
+    pub fn open(dir: &Path, opts: Options, clock: SharedClock) -> Result<Store, OpenError> {
+        opts.budget.validate().map_err(OpenError::Options)?;
+        prepare_dir(dir, &opts)?;
+        let lock = lock_dir(dir, &opts)?;
+        let tree = open_sled(dir, &opts)?;
+        let failed = Arc::new(Failed::default());
+        // sled panics on some damaged pages only when they are read: every
+        // read of the open is under `panics::catch`.
+        let damaged = |panic: String| {
+            failed.fail(&tree, &panic);
+            OpenError::Damaged {
+                dir: dir.to_path_buf(),
+                detail: format!("sled panicked while reading it: {panic}"),
+            }
+        };
+        let loaded = panics::catch(|| {
+            let o = Opening {
+                dir,
+                tree: &tree,
+                failed: &failed,
+            };
+            let files = Arc::new(DbFiles::open(dir, opts.power_safe).map_err(|e| o.io(e))?);
+            let format = check_format(&o, &files)?;
+            let mut corrupt = Vec::new();
+            let replayed = reapply(&o, format, &mut corrupt)?;
+            let order = load_order(&o, &mut corrupt)?;
+            Ok((files, replayed, order, corrupt))
+        })
+        .map_err(damaged)?;
+        let (files, replayed, order, corrupt) = loaded?;
+
+        let io = |source| OpenError::Io {
+            dir: dir.to_path_buf(),
+            source,
+        };
+        let overlay = Arc::new(Overlay::new(replayed.last_record));
+        let applier = overlay.spawn(tree.clone(), failed.clone()).map_err(io)?;
+        let commit = Arc::new(GroupCommit::default());
+        let flusher = match opts.durability {
+            Durability::Sync => None,
+            Durability::Batched { interval } => Some(
+                super::db::spawn_flusher(
+                    tree.clone(),
+                    files.clone(),
+                    failed.clone(),
+                    commit.clone(),
+                    interval,
+                )
+                .map_err(io)?,
+            ),
+        };
+        let mut store = Store {
+            tree,
+            dir: dir.to_path_buf(),
+            inner: Mutex::new(Inner {
+                order,
+                next_id: replayed.next_id,
+                next_seq: replayed.next_seq,
+            }),
+            commit,
+            clock,
+            budget: opts.budget,
+            durability: opts.durability,
+            reserve: opts.disk_reserve,
+            overlay,
+            files,
+            applier: Some(applier),
+            corrupt,
+            recovered: Vec::new(),
+            failed,
+            flusher,
+            _lock: lock,
+        };
+        let recovered = panics::catch(|| store.recover()).map_err(|panic| {
+            store.failed.fail(&store.tree, &panic);
+            OpenError::Damaged {
+                dir: dir.to_path_buf(),
+                detail: format!("sled panicked while reading it: {panic}"),
+            }
+        })?;
+        recovered.map_err(|source| OpenError::Recover {
+            dir: dir.to_path_buf(),
+            source: Box::new(source),
+        })?;
+        for c in store.corrupt_records() {
+            log::warn!("{}: {c}", dir.display());
+        }
+        Ok(store)
+    }
+
+    /// Step 7: puts tasks that were running when the process died back to
+    /// waiting: one `failed` event each with [`INTERRUPTED`] and no delay, in
+    /// one ordinary commit. They keep their place at the head.
+    fn recover(&mut self) -> Result<(), WriteError> {
+        let mut interrupted = Vec::new();
+        let mut corrupt = Vec::new();
+        for item in self.tree.scan_prefix([TASK]) {
+            let (k, v) = item?;
+            match codec::decode::<Task>(&v) {
+                Ok(t) if t.status == Status::Running => interrupted.push(t.id),
+                Ok(_) => {}
+                Err(e) => corrupt.push(CorruptRecord::new(&k, e)),
+            }
+        }
+        self.corrupt.extend(corrupt);
+        if interrupted.is_empty() {
+            return Ok(());
+        }
+        let mut txn = self.write();
+        for id in &interrupted {
+            txn.fail(*id, INTERRUPTED.to_string(), None)?;
+        }
+        txn.commit()?;
+        log::info!(
+            "{}: {} interrupted task(s) put back to wait: {:?}",
+            self.dir().display(),
+            interrupted.len(),
+            interrupted
+        );
+        self.recovered = interrupted;
+        Ok(())
+    }
+}

@@ -1,0 +1,563 @@
+//! Faults an edge node meets, made real: a full disk on a small tmpfs (with
+//! the daemon and without), a store that fails under the daemon, a damaged
+//! database, a restart right after a kill -9 while clients are busy, and the
+//! data dir's permissions. Every command must end within a few seconds,
+//! nothing acknowledged may be lost, and nothing may panic.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::daemon::Daemon;
+use common::tmpfs::{Tmpfs, free_ballast};
+use common::{stderr, stdout};
+
+/// The longest any command may take here.
+const PROMPT: Duration = Duration::from_secs(5);
+
+/// Runs `berth --data-dir DIR ARGS` and checks that it ended promptly and
+/// did not panic.
+fn run(dir: &Path, args: &[&str]) -> Output {
+    let start = Instant::now();
+    let o = Command::new(common::berth_bin())
+        .arg("--data-dir")
+        .arg(dir)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run berth");
+    let took = start.elapsed();
+    assert!(
+        took < PROMPT,
+        "berth {args:?} took {took:?}; stderr:\n{}",
+        stderr(&o)
+    );
+    assert_ne!(
+        o.status.code(),
+        Some(101),
+        "berth {args:?} panicked: {}",
+        stderr(&o)
+    );
+    assert!(
+        !stderr(&o).contains("' panicked at"),
+        "berth {args:?} panicked: {}",
+        stderr(&o)
+    );
+    o
+}
+
+/// A payload file of about 200 KiB that gzip shrinks little, so each task
+/// takes real space (and goes to one of sled's blob files).
+fn big_payload(root: &Path) -> PathBuf {
+    let mut rng = fastrand::Rng::with_seed(7);
+    let text: String = (0..200_000).map(|_| rng.alphanumeric()).collect();
+    let path = root.join("big.json");
+    std::fs::write(&path, format!("{{\"blob\":\"{text}\"}}")).expect("payload");
+    path
+}
+
+fn enqueue_file(dir: &Path, queue: &str, name: &str, payload: &Path) -> Output {
+    run(
+        dir,
+        &[
+            "enqueue",
+            "--queue",
+            queue,
+            "--kind",
+            "Big",
+            "--name",
+            name,
+            "--payload-file",
+            &payload.to_string_lossy(),
+        ],
+    )
+}
+
+fn id_of(o: &Output) -> u64 {
+    stdout(o)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("not an id: {:?} ({})", stdout(o), stderr(o)))
+}
+
+/// Every id is a task the data dir knows (live or finished).
+fn assert_all_present(dir: &Path, ids: &[u64]) {
+    for id in ids {
+        let o = run(dir, &["task", "show", &id.to_string(), "-o", "json"]);
+        assert!(
+            o.status.success(),
+            "acknowledged task {id} is gone: {}",
+            stderr(&o)
+        );
+    }
+}
+
+fn assert_verify_ok(dir: &Path) {
+    let o = run(dir, &["verify"]);
+    assert!(o.status.success(), "verify: {}{}", stdout(&o), stderr(&o));
+}
+
+fn mount_or_skip(mib: u64) -> Option<Tmpfs> {
+    match Tmpfs::mount(mib) {
+        Ok(t) => Some(t),
+        Err(why) => {
+            eprintln!("skipped: {why}");
+            None
+        }
+    }
+}
+
+#[test]
+fn a_full_disk_without_a_daemon_refuses_new_work_clearly_and_recovers() {
+    let Some(fs) = mount_or_skip(160) else { return };
+    let root = common::tempdir();
+    let payload = big_payload(root.path());
+    let dir = fs.path.join("data");
+    // Leave about 40 MiB above the default 64 MiB reserve.
+    let ballast = fs.fill("ballast", 104 << 20);
+
+    let mut acked = Vec::new();
+    let refusal = loop {
+        let o = enqueue_file(&dir, "main", &format!("t{}", acked.len()), &payload);
+        if !o.status.success() {
+            break o;
+        }
+        acked.push(id_of(&o));
+        assert!(acked.len() < 200, "the disk never filled");
+    };
+    assert!(acked.len() >= 5, "refused too early: {}", stderr(&refusal));
+    assert_eq!(refusal.status.code(), Some(1), "{}", stderr(&refusal));
+    let msg = stderr(&refusal);
+    assert!(
+        msg.contains("not enough disk space in")
+            && msg.contains(" free, ")
+            && msg.contains("needed"),
+        "{msg}"
+    );
+    // Reads still work, and the refused command wrote nothing.
+    assert_all_present(&dir, &acked);
+    assert_verify_ok(&dir);
+
+    // Completely full: commands fail at once with a clear message.
+    let rest = fs.fill("ballast2", 0);
+    let o = enqueue_file(&dir, "main", "nope", &payload);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("disk is full") || stderr(&o).contains("not enough disk space"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(&dir, &["queue", "list"]);
+    assert!(
+        o.status.success() || stderr(&o).contains("disk is full"),
+        "{}",
+        stderr(&o)
+    );
+
+    // Space comes back: writes resume, nothing was lost.
+    free_ballast(&rest);
+    free_ballast(&ballast);
+    let o = enqueue_file(&dir, "main", "after", &payload);
+    assert!(o.status.success(), "{}", stderr(&o));
+    acked.push(id_of(&o));
+    assert_all_present(&dir, &acked);
+    assert_verify_ok(&dir);
+}
+
+fn write_config(root: &Path, extra: &str) -> PathBuf {
+    let hook = root.join("hook.sh");
+    std::fs::write(
+        &hook,
+        "#!/bin/sh\ncat >/dev/null\ncase \"$BERTH_TASK_NAME\" in\n  \
+         hold*) while [ ! -e release ]; do sleep 0.02; done ;;\nesac\necho '\"ok\"'\n",
+    )
+    .expect("hook");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let cfg = root.join("berth.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "grace = \"10s\"\n{extra}\n[handlers.Big]\ncommand = [\"{}\"]\ntimeout = \"60s\"\ncwd = \"{}\"\n",
+            hook.display(),
+            root.display()
+        ),
+    )
+    .expect("config");
+    cfg
+}
+
+fn queue_json(dir: &Path) -> serde_json::Value {
+    let o = run(dir, &["queue", "list", "-o", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    serde_json::from_str(&stdout(&o)).expect("queue list json")
+}
+
+fn total_tasks(dir: &Path) -> u64 {
+    queue_json(dir)["summary"]["totalTasks"]
+        .as_u64()
+        .expect("totalTasks")
+}
+
+#[test]
+fn a_full_disk_under_a_daemon_pauses_refuses_and_resumes_without_a_restart() {
+    let Some(fs) = mount_or_skip(160) else { return };
+    let root = common::tempdir();
+    let payload = big_payload(root.path());
+    let cfg = write_config(root.path(), "[disk]\nreserve = \"32MiB\"");
+    let dir = fs.path.join("data");
+    let mut daemon = Daemon::start(&cfg, &dir, &[]);
+    let task_status = |id: u64| {
+        let o = run(&dir, &["task", "show", &id.to_string(), "-o", "json"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let t: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("task json");
+        t["status"].as_str().unwrap_or_default().to_string()
+    };
+
+    // `hold` tasks run until the test creates `release`. One holds the head
+    // of `main`, so the big tasks behind it wait; another runs in `side`.
+    let side = id_of(&enqueue_file(&dir, "side", "hold-side", &payload));
+    let head = id_of(&enqueue_file(&dir, "main", "hold-main", &payload));
+    common::wait_for("both holders to run", || {
+        task_status(side) == "running" && task_status(head) == "running"
+    });
+    let mut acked = vec![side, head];
+    let ballast = fs.fill("ballast", 60 << 20);
+    let refusal = loop {
+        let o = enqueue_file(&dir, "main", &format!("t{}", acked.len()), &payload);
+        if !o.status.success() {
+            break o;
+        }
+        acked.push(id_of(&o));
+        assert!(acked.len() < 300, "the disk never filled");
+    };
+    assert_eq!(refusal.status.code(), Some(1), "{}", stderr(&refusal));
+    assert!(
+        stderr(&refusal).contains("not enough disk space in"),
+        "{}",
+        stderr(&refusal)
+    );
+    let waiting = acked.len() - 2;
+    assert!(
+        waiting >= 3,
+        "only {waiting} tasks waited behind the holder"
+    );
+
+    // Below the reserve nothing new starts, and `main` says why; the tasks
+    // that were running still record how they ended.
+    let low = fs.fill("ballast-low", 8 << 20);
+    std::fs::write(root.path().join("release"), b"").expect("release");
+    common::wait_for("the holders to finish", || {
+        task_status(side) == "succeeded" && task_status(head) == "succeeded"
+    });
+    common::wait_for("main to show that starts are paused", || {
+        queue_json(&dir)["active"].as_array().is_some_and(|qs| {
+            qs.iter().any(|q| {
+                q["name"] == "main"
+                    && q["status"]
+                        .as_str()
+                        .is_some_and(|s| s.starts_with("paused: disk nearly full"))
+            })
+        })
+    });
+    assert_eq!(
+        total_tasks(&dir),
+        waiting as u64,
+        "a task started while paused"
+    );
+
+    // Space comes back: the same daemon takes new work and runs everything.
+    free_ballast(&low);
+    free_ballast(&ballast);
+    let o = enqueue_file(&dir, "main", "after", &payload);
+    assert!(o.status.success(), "{}", stderr(&o));
+    acked.push(id_of(&o));
+    common::wait_for("every task to run", || total_tasks(&dir) == 0);
+    assert_all_present(&dir, &acked);
+
+    daemon.signal(libc::SIGTERM);
+    let (status, took) = daemon.wait_exit(PROMPT);
+    assert_eq!(status.code(), Some(0), "{}", daemon.log_text());
+    assert!(took < PROMPT);
+    // A restart opens the dir and finds everything.
+    assert_all_present(&dir, &acked);
+    assert_verify_ok(&dir);
+}
+
+#[test]
+fn a_store_that_fails_under_the_daemon_stops_it_with_exit_4_and_loses_nothing() {
+    let Some(fs) = mount_or_skip(96) else { return };
+    let root = common::tempdir();
+    let payload = big_payload(root.path());
+    // No guard: sled itself meets ENOSPC.
+    let cfg = write_config(root.path(), "[disk]\nreserve = \"0\"");
+    let dir = fs.path.join("data");
+    let mut daemon = Daemon::start(&cfg, &dir, &[]);
+    let ballast = fs.fill("ballast", 20 << 20);
+    let mut acked = Vec::new();
+    let failed = loop {
+        let o = enqueue_file(&dir, "main", &format!("t{}", acked.len()), &payload);
+        if !o.status.success() {
+            break o;
+        }
+        acked.push(id_of(&o));
+        assert!(acked.len() < 300, "the disk never filled");
+    };
+    assert!(
+        matches!(failed.status.code(), Some(1) | Some(3)),
+        "{}",
+        stderr(&failed)
+    );
+    let (status, _) = daemon.wait_exit(PROMPT);
+    assert_eq!(
+        status.code(),
+        Some(4),
+        "the daemon should stop with its own code; log:\n{}",
+        daemon.log_text()
+    );
+    assert!(daemon.log_text().contains("the store failed"));
+    free_ballast(&ballast);
+    // A restart repairs the dir; every acknowledged task is there.
+    let mut again = Daemon::start(&cfg, &dir, &[]);
+    assert_all_present(&dir, &acked);
+    again.signal(libc::SIGTERM);
+    let (status, _) = again.wait_exit(Duration::from_secs(40));
+    assert_eq!(status.code(), Some(0), "{}", again.log_text());
+    assert_verify_ok(&dir);
+}
+
+/// A data dir with enough tasks that `db/db` is over 512 KiB, and a payload
+/// large enough to live in a blob file.
+fn populated(root: &Path) -> PathBuf {
+    let dir = root.join("data");
+    let payload = big_payload(root);
+    for i in 0..4 {
+        assert!(
+            enqueue_file(&dir, "main", &format!("big-{i}"), &payload)
+                .status
+                .success()
+        );
+    }
+    let batch: Vec<serde_json::Value> = (0..3000)
+        .map(|i| {
+            serde_json::json!({"queue": "main", "kind": "K", "name": format!("n-{i}"),
+                "payload": {"text": format!("some text to take room {i:08}")}})
+        })
+        .collect();
+    let file = root.join("batch.json");
+    std::fs::write(&file, serde_json::to_string(&batch).expect("json")).expect("batch");
+    let o = run(&dir, &["enqueue", "--batch", &file.to_string_lossy()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let len = std::fs::metadata(dir.join("db/db")).expect("db/db").len();
+    assert!(len > 600 << 10, "db/db is only {len} bytes");
+    dir
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    let o = Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .output()
+        .expect("cp");
+    assert!(o.status.success());
+}
+
+/// The commands on a damaged copy: none panics or hangs; each either works
+/// or fails with a message that names the data dir.
+fn check_damaged(dir: &Path, what: &str) -> Vec<String> {
+    let mut errors = Vec::new();
+    for args in [
+        vec!["queue", "list"],
+        vec!["verify"],
+        vec!["enqueue", "--queue", "main", "--kind", "K", "--name", "x"],
+    ] {
+        let o = run(dir, &args);
+        if !o.status.success() {
+            let msg = stderr(&o);
+            assert_eq!(o.status.code(), Some(1), "{what}: {args:?}: {msg}");
+            assert!(
+                msg.contains(&dir.display().to_string()),
+                "{what}: {args:?}: the error does not name the data dir: {msg}"
+            );
+            errors.push(msg);
+        }
+    }
+    errors
+}
+
+#[test]
+fn a_damaged_database_gives_a_clear_error_and_never_a_panic() {
+    let root = common::tempdir();
+    let good = populated(root.path());
+    for cut in [0u64, 256 << 10, 512 << 10] {
+        let dir = root.path().join(format!("cut-{cut}"));
+        copy_dir(&good, &dir);
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.join("db/db"))
+            .expect("db/db");
+        f.set_len(cut).expect("truncate");
+        drop(f);
+        let errors = check_damaged(&dir, &format!("db/db cut to {cut} bytes"));
+        if cut == 0 {
+            assert!(
+                errors.iter().all(|e| e.contains("its data was lost")),
+                "{errors:?}"
+            );
+            assert_eq!(errors.len(), 3);
+        }
+    }
+    // One flipped byte in the middle of the log, and in a blob file.
+    let dir = root.path().join("flip-log");
+    copy_dir(&good, &dir);
+    flip(&dir.join("db/db"), 300 << 10);
+    check_damaged(&dir, "a byte flipped in db/db");
+    let dir = root.path().join("flip-blob");
+    copy_dir(&good, &dir);
+    let blob = std::fs::read_dir(dir.join("db/blobs"))
+        .expect("blobs")
+        .flatten()
+        .map(|e| e.path())
+        .max_by_key(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
+        .expect("a blob file");
+    flip(&blob, 1000);
+    check_damaged(&dir, "a byte flipped in a blob");
+}
+
+fn flip(path: &Path, at: u64) {
+    let mut bytes = std::fs::read(path).expect("read");
+    let i = (at as usize).min(bytes.len() - 1);
+    bytes[i] ^= 0x5a;
+    std::fs::write(path, bytes).expect("write");
+}
+
+#[test]
+fn a_daemon_restarted_right_after_a_kill_9_starts_while_clients_are_busy() {
+    let root = common::tempdir();
+    let cfg = write_config(root.path(), "");
+    let dir = root.path().join("data");
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..3)
+        .map(|c| {
+            let (acked, stop, dir) = (acked.clone(), stop.clone(), dir.clone());
+            std::thread::spawn(move || {
+                let mut failures = Vec::new();
+                for i in 0u64.. {
+                    if stop.load(Ordering::SeqCst) {
+                        return failures;
+                    }
+                    let o = Command::new(common::berth_bin())
+                        .arg("--data-dir")
+                        .arg(&dir)
+                        .args(["enqueue", "--queue", &format!("q{c}"), "--kind", "Big"])
+                        .args(["--name", &format!("c{c}-{i}")])
+                        .env("RUST_LOG", "warn")
+                        .output()
+                        .expect("berth enqueue");
+                    match o.status.code() {
+                        Some(0) => acked.lock().expect("acked").push(id_of(&o)),
+                        _ => failures.push(stderr(&o)),
+                    }
+                }
+                failures
+            })
+        })
+        .collect();
+    for round in 0..20 {
+        let mut daemon = Daemon::spawn(&cfg, &dir, &[]);
+        common::wait_for("the daemon to serve", || {
+            dir.join("berth.sock").exists()
+                && std::os::unix::net::UnixStream::connect(dir.join("berth.sock")).is_ok()
+        });
+        let before = acked.lock().expect("acked").len();
+        common::wait_for("clients to get answers from this daemon", || {
+            acked.lock().expect("acked").len() >= before + 3
+        });
+        daemon.signal(libc::SIGKILL);
+        let (status, _) = daemon.wait_exit(PROMPT);
+        assert_eq!(
+            status.code(),
+            None,
+            "round {round}: the daemon ended by itself: {}",
+            daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    stop.store(true, Ordering::SeqCst);
+    let mut failures = Vec::new();
+    for c in clients {
+        failures.extend(c.join().expect("client"));
+    }
+    // A client may lose its answer when the daemon is killed under it; it
+    // must never fail because a daemon was starting.
+    for f in &failures {
+        assert!(
+            !f.contains("in use by another berth process"),
+            "a client failed because a daemon was starting: {f}"
+        );
+    }
+    let acked = acked.lock().expect("acked").clone();
+    assert!(acked.len() >= 60);
+    let mut last = Daemon::start(&cfg, &dir, &[]);
+    last.signal(libc::SIGTERM);
+    last.wait_exit(Duration::from_secs(20));
+    assert_all_present(&dir, &acked);
+    assert_verify_ok(&dir);
+}
+
+#[test]
+fn the_data_dir_is_private_whatever_the_umask() {
+    let root = common::tempdir();
+    let dir = root.path().join("data");
+    let payload = big_payload(root.path());
+    for (name, payload) in [("a", Some(&payload)), ("b", None)] {
+        let mut cmd = Command::new(common::berth_bin());
+        cmd.arg("--data-dir")
+            .arg(&dir)
+            .args(["enqueue", "--queue", "main", "--kind", "K", "--name", name]);
+        if let Some(p) = payload {
+            cmd.arg("--payload-file").arg(p);
+        }
+        use std::os::unix::process::CommandExt;
+        // SAFETY: umask(2) is async-signal-safe; it runs in the child only.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::umask(0);
+                Ok(())
+            });
+        }
+        let o = cmd.output().expect("berth enqueue");
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    use std::os::unix::fs::MetadataExt;
+    let mut stack = vec![dir.clone()];
+    let mut files = 0;
+    while let Some(d) = stack.pop() {
+        let mode = std::fs::metadata(&d).expect("dir").mode() & 0o777;
+        assert_eq!(mode, 0o700, "{} is {mode:o}", d.display());
+        for e in std::fs::read_dir(&d).expect("read_dir").flatten() {
+            let meta = std::fs::symlink_metadata(e.path()).expect("meta");
+            if meta.is_dir() {
+                stack.push(e.path());
+            } else {
+                files += 1;
+                let mode = meta.mode() & 0o777;
+                assert_eq!(mode, 0o600, "{} is {mode:o}", e.path().display());
+            }
+        }
+    }
+    assert!(files >= 5, "only {files} files");
+    assert!(
+        dir.join("db/blobs")
+            .read_dir()
+            .expect("blobs")
+            .next()
+            .is_some()
+    );
+}
