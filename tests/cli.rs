@@ -202,15 +202,33 @@ fn a_dir_held_by_a_daemon_gives_exit_3() {
         berth::clock::system(),
     )
     .unwrap();
+    // A daemon that holds the dir without answering is waited for (it may
+    // be starting), up to --timeout.
+    let start = std::time::Instant::now();
     let o = berth(
         dir.path(),
-        &["enqueue", "--queue", "main", "--kind", "K", "--name", "n"],
+        &[
+            "--timeout",
+            "1s",
+            "enqueue",
+            "--queue",
+            "main",
+            "--kind",
+            "K",
+            "--name",
+            "n",
+        ],
     );
+    let took = start.elapsed();
     assert_eq!(o.status.code(), Some(3));
     assert!(
-        stderr(&o).contains("is in use by another berth process"),
+        stderr(&o).contains("is in use by another berth process (a daemon, pid"),
         "{}",
         stderr(&o)
+    );
+    assert!(
+        took >= std::time::Duration::from_millis(900) && took.as_secs() < 5,
+        "{took:?}"
     );
 }
 

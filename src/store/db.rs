@@ -113,8 +113,8 @@ impl Store {
         self.failed.reason()
     }
 
-    /// Bytes free on the data dir's filesystem.
-    pub fn free_space(&self) -> std::io::Result<u64> {
+    /// Bytes free on the data dir's filesystem (`None`: it does not say).
+    pub fn free_space(&self) -> std::io::Result<Option<u64>> {
         health::free_bytes(&self.dir)
     }
 

@@ -74,8 +74,10 @@ impl Failed {
     }
 }
 
-/// Bytes free for an unprivileged writer on the filesystem holding `dir`.
-pub fn free_bytes(dir: &Path) -> std::io::Result<u64> {
+/// Bytes free for an unprivileged writer on the filesystem holding `dir`;
+/// `None` for a filesystem that does not report its size (some FUSE
+/// filesystems report 0 blocks in all).
+pub fn free_bytes(dir: &Path) -> std::io::Result<Option<u64>> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
@@ -87,7 +89,10 @@ pub fn free_bytes(dir: &Path) -> std::io::Result<u64> {
     }
     // SAFETY: statvfs returned 0, so `st` is initialized.
     let st = unsafe { st.assume_init() };
-    Ok((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+    if st.f_blocks == 0 {
+        return Ok(None);
+    }
+    Ok(Some(st.f_bavail.saturating_mul(st.f_frsize)))
 }
 
 /// Not enough free disk space for what was asked.
@@ -108,13 +113,14 @@ pub struct SpaceError {
 }
 
 /// Checks that `need` bytes plus the reserve are free on `dir`'s filesystem.
-/// A filesystem that cannot be asked passes (the write itself will tell).
+/// A filesystem that cannot be asked, or does not know, passes (the write
+/// itself will tell).
 pub fn check_space(dir: &Path, reserve: u64, need: u64) -> Result<(), SpaceError> {
     if reserve == 0 {
         return Ok(());
     }
     match free_bytes(dir) {
-        Ok(free) if free < reserve.saturating_add(need) => Err(SpaceError {
+        Ok(Some(free)) if free < reserve.saturating_add(need) => Err(SpaceError {
             dir: dir.display().to_string(),
             free,
             need,
@@ -132,7 +138,7 @@ mod tests {
     fn space_is_checked_against_the_reserve_and_the_need() {
         let dir = tempfile::tempdir().unwrap();
         let free = free_bytes(dir.path()).unwrap();
-        assert!(free > 0);
+        assert!(free.is_some_and(|f| f > 0));
         assert!(check_space(dir.path(), 1, 0).is_ok());
         assert!(
             check_space(dir.path(), 0, u64::MAX).is_ok(),

@@ -43,7 +43,9 @@ impl Tmpfs {
 
     /// Bytes free on it.
     pub fn free(&self) -> u64 {
-        berth::store::free_bytes(&self.path).expect("statvfs")
+        berth::store::free_bytes(&self.path)
+            .expect("statvfs")
+            .expect("a tmpfs reports its size")
     }
 
     /// Fills it with a ballast file until only `leave` bytes are free (or
