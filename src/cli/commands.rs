@@ -95,7 +95,7 @@ enum Route {
     Daemon(serde_json::Value),
     /// No daemon: the command opened the data dir itself (`None`: it does
     /// not exist and the command only reads).
-    Direct(Option<Store>),
+    Direct(Option<Box<Store>>),
 }
 
 /// Sends `req` to the daemon when one answers on the data dir's socket, and
@@ -115,7 +115,7 @@ fn route(dir: &Path, req: &Request, create: bool) -> Result<Route, CliError> {
             ..Options::default()
         };
         match Store::open(dir, opts, clock::system()) {
-            Ok(s) => return Ok(Route::Direct(Some(s))),
+            Ok(s) => return Ok(Route::Direct(Some(Box::new(s)))),
             Err(OpenError::Missing { .. }) => return Ok(Route::Direct(None)),
             Err(OpenError::InUse { holder, .. })
                 if holder.role == Some(Role::Daemon) && start.elapsed() < limit =>
