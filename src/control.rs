@@ -20,12 +20,11 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::engine::Engine;
-use crate::report::{self, QueueView};
-use crate::store::{Placement, WriteError};
-use crate::task::TaskSpec;
+pub use crate::ops::Request;
+use crate::ops::{self, Class, Ctx, OpError};
 
 /// The socket's file name in the data dir.
 pub const SOCKET: &str = "berth.sock";
@@ -35,45 +34,15 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// The largest request line accepted (a batch of tasks near the budget).
 pub const MAX_REQUEST: u64 = 64 << 20;
 
-/// Exit-code-like error classes carried in responses.
-pub const CODE_RUNTIME: i32 = 1;
-pub const CODE_INPUT: i32 = 2;
+/// Error classes carried in responses: the exit codes (`ops::Class`).
+pub const CODE_RUNTIME: i32 = Class::Runtime.code();
+pub const CODE_INPUT: i32 = Class::Input.code();
 /// The daemon is too busy to take the request (every connection taken, or
 /// the memory for unfinished requests used up); it did nothing with it.
-pub const CODE_BUSY: i32 = 3;
+pub const CODE_BUSY: i32 = Class::Busy.code();
 
 pub fn socket_path(data_dir: &Path) -> PathBuf {
     data_dir.join(SOCKET)
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
-pub enum Request {
-    Enqueue {
-        spec: Box<TaskSpec>,
-        #[serde(default)]
-        first: bool,
-        #[serde(default)]
-        after: Option<u64>,
-        #[serde(default)]
-        before: Option<u64>,
-    },
-    EnqueueBatch {
-        tasks: Vec<TaskSpec>,
-    },
-    /// A struct variant, not a unit one: serde's `deny_unknown_fields`
-    /// does not reach unit variants of an internally tagged enum, so
-    /// `{"op":"queue_list","bogus":1}` would be accepted.
-    QueueList {},
-    TaskShow {
-        id: u64,
-    },
-    TaskRemove {
-        id: u64,
-    },
-    TaskRetry {
-        id: u64,
-    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -108,113 +77,21 @@ impl Response {
     }
 }
 
-/// Placement from the enqueue flags.
-pub fn placement(first: bool, after: Option<u64>, before: Option<u64>) -> Placement {
-    match (first, after, before) {
-        (true, _, _) => Placement::First,
-        (_, Some(id), _) => Placement::After(id),
-        (_, _, Some(id)) => Placement::Before(id),
-        _ => Placement::Last,
-    }
-}
-
-/// Queue views to and from JSON (the wire form of `queue list`).
-pub fn views_to_json(views: &[QueueView]) -> Value {
-    json!(
-        views
-            .iter()
-            .map(|v| json!({"name": v.name, "status": v.status, "tasks": v.tasks}))
-            .collect::<Vec<_>>()
-    )
-}
-
-pub fn views_from_json(v: &Value) -> Result<Vec<QueueView>, String> {
-    let arr = v.as_array().ok_or("queue list: expected an array")?;
-    arr.iter()
-        .map(|q| {
-            let s = |k: &str| {
-                q[k].as_str()
-                    .map(str::to_string)
-                    .ok_or(format!("queue list: missing {k}"))
-            };
-            Ok(QueueView {
-                name: s("name")?,
-                status: s("status")?,
-                tasks: q["tasks"]
-                    .as_array()
-                    .ok_or("queue list: missing tasks")?
-                    .iter()
-                    .map(|t| t.as_str().unwrap_or_default().to_string())
-                    .collect(),
-            })
-        })
-        .collect()
-}
-
-fn write_error(e: &WriteError) -> Response {
-    let code = match e {
-        WriteError::NoSuchTask(_) | WriteError::WrongState { .. } => CODE_RUNTIME,
-        WriteError::Order(_) | WriteError::Budget(_) | WriteError::Queue(_) => CODE_INPUT,
-        _ => CODE_RUNTIME,
-    };
-    Response::err(code, e.to_string())
-}
-
-fn enqueued(r: Result<Vec<u64>, crate::submit::EnqueueError>) -> Response {
-    match r {
-        Ok(ids) => Response::ok(json!(ids)),
-        Err(e) => Response::err(
-            if e.is_bad_input() {
-                CODE_INPUT
-            } else {
-                CODE_RUNTIME
-            },
-            e.to_string(),
-        ),
-    }
-}
-
-/// Answers one request against a running engine.
-pub fn handle(engine: &Engine, req: Request) -> Response {
-    let store = engine.store();
-    match req {
-        Request::Enqueue {
-            spec,
-            first,
-            after,
-            before,
-        } => enqueued(
-            engine
-                .enqueue(*spec, placement(first, after, before))
-                .map(|id| vec![id]),
-        ),
-        Request::EnqueueBatch { tasks } => enqueued(engine.enqueue_batch(tasks)),
-        Request::QueueList {} => Response::ok(views_to_json(&engine.queue_views())),
-        Request::TaskShow { id } => match store.task(id) {
-            // Compressed blobs go compressed: the CLI inflates them, not the daemon.
-            Ok(Some(t)) => Response::ok(report::task_wire(&t, store.budget())),
-            Ok(None) => Response::err(CODE_RUNTIME, format!("no task {id}")),
-            Err(e) => Response::err(CODE_RUNTIME, e.to_string()),
-        },
-        Request::TaskRemove { id } => {
-            let mut w = store.write();
-            match w.remove(id).and_then(|r| w.commit().map(|_| r)) {
-                Ok(removed) => {
-                    engine.wake();
-                    Response::ok(json!(removed))
-                }
-                Err(e) => write_error(&e),
-            }
+impl From<Result<Value, OpError>> for Response {
+    fn from(r: Result<Value, OpError>) -> Self {
+        match r {
+            Ok(v) => Response::ok(v),
+            Err(e) => Response::err(e.class.code(), e.message),
         }
-        Request::TaskRetry { id } => {
-            let mut w = store.write();
-            match w.retry(id, Placement::Last).and_then(|_| w.commit()) {
-                Ok(_) => {
-                    engine.wake();
-                    Response::ok(json!([id]))
-                }
-                Err(e) => write_error(&e),
-            }
+    }
+}
+
+impl Response {
+    /// The answer as an operation's result (the client side).
+    pub fn into_result(self) -> Result<Value, OpError> {
+        match self.error {
+            Some(e) => Err(OpError::new(Class::from_code(e.code), e.message)),
+            None => Ok(self.result),
         }
     }
 }
@@ -766,7 +643,7 @@ fn serve_connection(shared: &Shared, id: u64, stream: &UnixStream, engine: &Engi
 
 fn respond(engine: &Engine, line: &[u8]) -> Response {
     match parse_request(line) {
-        Ok(req) => handle(engine, req),
+        Ok(req) => ops::execute(&Ctx::daemon(engine), req).into(),
         Err(r) => r,
     }
 }

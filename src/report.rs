@@ -19,6 +19,10 @@ use crate::task::Task;
 
 pub const MAIN: &str = "main";
 
+/// Parallel queues a data dir lists when no daemon ever said how many it
+/// runs (the daemon's default).
+pub const DEFAULT_PARALLEL_QUEUES: usize = 10;
+
 /// The name of parallel queue `i`.
 pub fn parallel_queue(i: usize) -> String {
     format!("parallel_queue_{i}")
@@ -100,6 +104,52 @@ pub fn snapshot(
                 name,
                 tasks,
             }
+        })
+        .collect()
+}
+
+/// The queue set of a data dir that does not exist: `main` and the parallel
+/// queues, all empty.
+pub fn empty_views(parallel_queues: usize) -> Vec<QueueView> {
+    std::iter::once(MAIN.to_string())
+        .chain((0..parallel_queues).map(parallel_queue))
+        .map(|name| QueueView {
+            name,
+            status: String::new(),
+            tasks: Vec::new(),
+        })
+        .collect()
+}
+
+/// Queue views to and from JSON (the wire form of `queue list`).
+pub fn views_to_json(views: &[QueueView]) -> Value {
+    json!(
+        views
+            .iter()
+            .map(|v| json!({"name": v.name, "status": v.status, "tasks": v.tasks}))
+            .collect::<Vec<_>>()
+    )
+}
+
+pub fn views_from_json(v: &Value) -> Result<Vec<QueueView>, String> {
+    let arr = v.as_array().ok_or("queue list: expected an array")?;
+    arr.iter()
+        .map(|q| {
+            let s = |k: &str| {
+                q[k].as_str()
+                    .map(str::to_string)
+                    .ok_or(format!("queue list: missing {k}"))
+            };
+            Ok(QueueView {
+                name: s("name")?,
+                status: s("status")?,
+                tasks: q["tasks"]
+                    .as_array()
+                    .ok_or("queue list: missing tasks")?
+                    .iter()
+                    .map(|t| t.as_str().unwrap_or_default().to_string())
+                    .collect(),
+            })
         })
         .collect()
 }

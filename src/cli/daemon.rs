@@ -9,12 +9,12 @@ use berth::clock;
 use berth::config::Config;
 use berth::control;
 use berth::engine::{Engine, Handlers};
+use berth::ops::{self, Ctx};
 use berth::store::{Options, Role, Store};
 use berth::submit;
 
 use super::args::RunArgs;
-use super::commands::read_file;
-use super::{CliError, EXIT_RUNTIME};
+use super::{CliError, read_file};
 
 /// `data_dir`, when given on the command line or in BERTH_DATA_DIR,
 /// overrides the config's `data_dir`.
@@ -49,15 +49,12 @@ pub fn run(a: RunArgs, data_dir: Option<&std::path::Path>) -> Result<(), CliErro
     }
     let engine =
         Engine::new(store.clone(), handlers, config.engine.clone()).map_err(CliError::input)?;
+    store
+        .set_parallel_queues(config.engine.parallel_queues)
+        .map_err(|e| CliError::runtime(format!("{}: {e}", config.data_dir.display())))?;
     if let Some((f, specs)) = batch {
-        let ids = engine.enqueue_batch(specs).map_err(|e| CliError {
-            code: if e.is_bad_input() {
-                super::EXIT_INPUT
-            } else {
-                EXIT_RUNTIME
-            },
-            message: format!("batch file {}: {e}", f.display()),
-        })?;
+        let ids = ops::enqueue_batch(&Ctx::daemon(&engine), specs)
+            .map_err(|e| e.context(&format!("batch file {}: ", f.display())))?;
         log::info!("enqueued {} task(s) from {}", ids.len(), f.display());
     }
     let stop = engine.stop_handle().flag();

@@ -1,18 +1,23 @@
-//! The `berth` command: argument parsing, the commands, and the mapping of
-//! errors to exit codes (0 ok, 1 runtime error, 2 bad input or usage, 3 data
-//! dir in use). The library knows nothing of this module.
+//! The `berth` command: argument parsing, the commands, and exit codes. The
+//! library knows nothing of this module. Exit codes come from the error's
+//! class (`ops::Class`: 1 runtime, 2 bad input, 3 in use or busy), plus 0
+//! for success and 4 for a daemon whose store failed.
 
 pub mod args;
 pub mod commands;
 pub mod daemon;
+mod session;
 
 use std::fmt;
+use std::io::Write;
+use std::path::Path;
+
+use berth::ops::{Class, OpError};
 
 /// Exit codes, as documented in README.md.
 pub const EXIT_OK: i32 = 0;
-pub const EXIT_RUNTIME: i32 = 1;
-pub const EXIT_INPUT: i32 = 2;
-pub const EXIT_IN_USE: i32 = 3;
+pub const EXIT_RUNTIME: i32 = Class::Runtime.code();
+pub const EXIT_INPUT: i32 = Class::Input.code();
 /// `berth run` only: the store failed to write (a disk error, or a full disk
 /// that got past the space guard) and the daemon stopped at once so that a
 /// supervisor restarts it.
@@ -46,25 +51,45 @@ impl fmt::Display for CliError {
     }
 }
 
-impl From<berth::store::OpenError> for CliError {
-    fn from(e: berth::store::OpenError) -> Self {
-        use berth::store::OpenError;
-        let code = match &e {
-            OpenError::InUse { .. } => EXIT_IN_USE,
-            OpenError::Options(_) => EXIT_INPUT,
-            _ => EXIT_RUNTIME,
-        };
+impl From<OpError> for CliError {
+    fn from(e: OpError) -> Self {
         CliError {
-            code,
-            message: e.to_string(),
+            code: e.class.code(),
+            message: e.message,
         }
     }
+}
+
+impl From<berth::store::OpenError> for CliError {
+    fn from(e: berth::store::OpenError) -> Self {
+        OpError::from(e).into()
+    }
+}
+
+/// Prints to stdout; a closed pipe (`berth queue list | head`) is not an error.
+pub fn out(text: &str) -> Result<(), CliError> {
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|_| stdout.flush())
+    {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(CliError::runtime(format!("writing to stdout: {e}")))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Reads a file named on the command line (a bad one is bad input).
+pub fn read_file(path: &Path, what: &str) -> Result<String, CliError> {
+    std::fs::read_to_string(path)
+        .map_err(|e| CliError::input(format!("cannot read {what} {}: {e}", path.display())))
 }
 
 /// A panic caught at the top: one in sled means the database is damaged
 /// (exit 1, with what to do); anything else is a bug in berth (exit 101,
 /// as an uncaught panic would).
-pub fn panic_error(dir: &std::path::Path, panic: String) -> CliError {
+pub fn panic_error(dir: &Path, panic: String) -> CliError {
     if panic.contains("/sled-") {
         let e = berth::store::OpenError::Damaged {
             dir: dir.to_path_buf(),

@@ -107,6 +107,35 @@ impl Store {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// How many parallel queues the last daemon on this data dir ran (the
+    /// daemon's default if none said).
+    pub fn parallel_queues(&self) -> Result<usize, ReadError> {
+        match self.get_raw(keys::META_PARALLEL)? {
+            None => Ok(crate::report::DEFAULT_PARALLEL_QUEUES),
+            Some(v) => codec::decode::<u64>(&v)
+                .map(|n| n as usize)
+                .map_err(|e| ReadError::Corrupt(CorruptRecord::new(keys::META_PARALLEL, e))),
+        }
+    }
+
+    /// Records how many parallel queues this daemon runs (made durable now).
+    pub fn set_parallel_queues(&self, n: usize) -> Result<(), crate::store::WriteError> {
+        if self.parallel_queues().ok() == Some(n) {
+            return Ok(());
+        }
+        if let Some(why) = self.failure() {
+            return Err(crate::store::WriteError::Failed(why));
+        }
+        if let Err(e) = self
+            .tree
+            .insert(keys::META_PARALLEL, codec::encode(&(n as u64)))
+        {
+            self.failed.fail(&self.tree, &e);
+            return Err(e.into());
+        }
+        self.flush_now().map_err(crate::store::WriteError::Flush)
+    }
+
     /// Why the store stopped writing, if it did (see `health`). It then
     /// refuses every commit until the data dir is opened again.
     pub fn failure(&self) -> Option<String> {

@@ -1,11 +1,11 @@
 //! The key layout of berth's one sled tree. Every key starts with a byte that
-//! names its record type, so one `apply_batch` on one tree can change state
-//! and append to the event log atomically. Integers are big-endian so sled's
-//! byte order is numeric order.
+//! names its record type. Integers are big-endian so sled's byte order is
+//! numeric order. (A commit is atomic because it is one `e` record that
+//! carries its key writes; see `write` and `overlay`.)
 //!
 //! | key                                   | value (codec record)  |
 //! |---------------------------------------|-----------------------|
-//! | `m` name                              | meta: format, applied |
+//! | `m` name                              | meta: format, applied, parallel queues |
 //! | `t` id:u64                            | live task             |
 //! | `h` id:u64                            | finished task         |
 //! | `e` seq:u64                           | commit record         |
@@ -24,6 +24,10 @@ pub const META_FORMAT: &[u8] = b"mformat";
 /// The key (first event number) of a commit record up to which every record's
 /// key writes are in the tree; open re-applies the records after it.
 pub const META_APPLIED: &[u8] = b"mapplied";
+
+/// The number of parallel queues the last daemon ran (so that a data dir
+/// read without a daemon lists the same queues).
+pub const META_PARALLEL: &[u8] = b"mparallel";
 
 /// The on-disk layout version (the key layout above; the record framing has its own byte).
 pub const STORE_FORMAT: u64 = 2;

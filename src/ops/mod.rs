@@ -1,0 +1,221 @@
+//! Operations: every user-facing operation, as one function over the store
+//! (and, when a daemon runs, its engine), with one error type.
+//!
+//! The command line without a daemon and the daemon's control socket both
+//! run a [`Request`] through [`execute`]: there is one body per operation,
+//! and one mapping from an error's [`Class`] to an exit code and a socket
+//! `code`. Adding a command means: its arguments (`cli/args.rs`), one
+//! function here, one `Request` variant.
+//!
+//! The result of every operation is JSON (the socket's wire form), so the
+//! command prints the same thing whichever way the request went.
+
+mod tasks;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::engine::Engine;
+use crate::report;
+use crate::store::{OpenError, Placement, ReadError, Store, WriteError};
+use crate::submit::EnqueueError;
+use crate::task::TaskSpec;
+
+pub use tasks::{enqueue, enqueue_batch, queue_list, task_remove, task_retry, task_show};
+
+/// What kind of failure an operation met; it decides the exit code and the
+/// socket's `code` (README.md, "Exit codes").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    /// The operation could not be done: no such task, a wrong state, a
+    /// corrupt record, a disk or database failure, not enough space. Exit 1.
+    Runtime,
+    /// The request itself is wrong: an invalid spec, a payload over the
+    /// budget, a bad placement. Nothing was written. Exit 2.
+    Input,
+    /// The data dir or the daemon is taken (another daemon, a daemon too
+    /// busy to answer). Nothing was done. Exit 3.
+    Busy,
+}
+
+impl Class {
+    /// The exit code, which is also the socket's error `code`.
+    pub const fn code(self) -> i32 {
+        match self {
+            Class::Runtime => 1,
+            Class::Input => 2,
+            Class::Busy => 3,
+        }
+    }
+
+    /// The class of a socket error `code` (unknown codes are runtime errors).
+    pub fn from_code(code: i32) -> Class {
+        match code {
+            2 => Class::Input,
+            3 => Class::Busy,
+            _ => Class::Runtime,
+        }
+    }
+}
+
+/// An operation's error: its class and the message for the user.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct OpError {
+    pub class: Class,
+    pub message: String,
+}
+
+impl OpError {
+    pub fn new(class: Class, message: impl Into<String>) -> Self {
+        OpError {
+            class,
+            message: message.into(),
+        }
+    }
+    pub fn runtime(message: impl Into<String>) -> Self {
+        OpError::new(Class::Runtime, message)
+    }
+    pub fn input(message: impl Into<String>) -> Self {
+        OpError::new(Class::Input, message)
+    }
+
+    /// The same error with `context` before its message.
+    pub fn context(self, context: &str) -> Self {
+        OpError {
+            message: format!("{context}{}", self.message),
+            ..self
+        }
+    }
+}
+
+impl From<WriteError> for OpError {
+    fn from(e: WriteError) -> Self {
+        let class = match &e {
+            WriteError::Order(_) | WriteError::Budget(_) | WriteError::Queue(_) => Class::Input,
+            _ => Class::Runtime,
+        };
+        OpError::new(class, e.to_string())
+    }
+}
+
+impl From<EnqueueError> for OpError {
+    fn from(e: EnqueueError) -> Self {
+        match e {
+            EnqueueError::Store(w) => w.into(),
+            invalid => OpError::input(invalid.to_string()),
+        }
+    }
+}
+
+impl From<ReadError> for OpError {
+    fn from(e: ReadError) -> Self {
+        OpError::runtime(e.to_string())
+    }
+}
+
+impl From<OpenError> for OpError {
+    fn from(e: OpenError) -> Self {
+        let class = match &e {
+            OpenError::InUse { .. } => Class::Busy,
+            OpenError::Options(_) => Class::Input,
+            _ => Class::Runtime,
+        };
+        OpError::new(class, e.to_string())
+    }
+}
+
+/// What an operation runs against.
+#[derive(Clone, Copy)]
+pub struct Ctx<'a> {
+    /// The data dir's store; `None` when it does not exist (and the
+    /// operation only reads: it then sees nothing).
+    pub store: Option<&'a Store>,
+    /// The running engine, when a daemon runs the operation: live statuses,
+    /// and a wake-up after a change.
+    pub engine: Option<&'a Engine>,
+}
+
+impl<'a> Ctx<'a> {
+    /// The daemon's context.
+    pub fn daemon(engine: &'a Engine) -> Self {
+        Ctx {
+            store: Some(engine.store()),
+            engine: Some(engine),
+        }
+    }
+
+    /// A command's own context, on a store it opened (or none).
+    pub fn direct(store: Option<&'a Store>) -> Self {
+        Ctx {
+            store,
+            engine: None,
+        }
+    }
+
+    /// Tells the engine (if one runs) that the queues changed.
+    fn changed(&self) {
+        if let Some(e) = self.engine {
+            e.wake();
+        }
+    }
+}
+
+/// One request, as the control socket carries it (one line of JSON).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    Enqueue {
+        spec: Box<TaskSpec>,
+        #[serde(default)]
+        first: bool,
+        #[serde(default)]
+        after: Option<u64>,
+        #[serde(default)]
+        before: Option<u64>,
+    },
+    EnqueueBatch {
+        tasks: Vec<TaskSpec>,
+    },
+    /// A struct variant, not a unit one: serde's `deny_unknown_fields`
+    /// does not reach unit variants of an internally tagged enum, so
+    /// `{"op":"queue_list","bogus":1}` would be accepted.
+    QueueList {},
+    TaskShow {
+        id: u64,
+    },
+    TaskRemove {
+        id: u64,
+    },
+    TaskRetry {
+        id: u64,
+    },
+}
+
+/// Placement from the enqueue flags.
+pub fn placement(first: bool, after: Option<u64>, before: Option<u64>) -> Placement {
+    match (first, after, before) {
+        (true, _, _) => Placement::First,
+        (_, Some(id), _) => Placement::After(id),
+        (_, _, Some(id)) => Placement::Before(id),
+        _ => Placement::Last,
+    }
+}
+
+/// Runs one request; the result is its wire form (README.md, "The control
+/// socket").
+pub fn execute(ctx: &Ctx<'_>, req: Request) -> Result<Value, OpError> {
+    match req {
+        Request::Enqueue {
+            spec,
+            first,
+            after,
+            before,
+        } => enqueue(ctx, *spec, placement(first, after, before)).map(|id| json!([id])),
+        Request::EnqueueBatch { tasks } => enqueue_batch(ctx, tasks).map(|ids| json!(ids)),
+        Request::QueueList {} => queue_list(ctx).map(|views| report::views_to_json(&views)),
+        Request::TaskShow { id } => task_show(ctx, id),
+        Request::TaskRemove { id } => task_remove(ctx, id).map(|ids| json!(ids)),
+        Request::TaskRetry { id } => task_retry(ctx, id).map(|()| json!([id])),
+    }
+}

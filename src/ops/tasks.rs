@@ -1,0 +1,77 @@
+//! The operations on tasks and queues: enqueue (one or a batch), `queue
+//! list`, `task show`, `task remove`, `task retry`.
+
+use serde_json::Value;
+
+use super::{Ctx, OpError};
+use crate::report::{self, QueueView};
+use crate::store::{Placement, Store};
+use crate::submit;
+use crate::task::TaskSpec;
+
+fn no_task(id: u64) -> OpError {
+    OpError::runtime(format!("no task {id}"))
+}
+
+/// The store, for an operation that needs one to exist.
+fn store<'a>(ctx: &Ctx<'a>) -> Result<&'a Store, OpError> {
+    ctx.store
+        .ok_or_else(|| OpError::runtime("the data dir does not exist"))
+}
+
+/// Adds one task; returns its id once it is durable. (A running engine
+/// adds it itself, so that its loop wakes up.)
+pub fn enqueue(ctx: &Ctx<'_>, spec: TaskSpec, placement: Placement) -> Result<u64, OpError> {
+    Ok(match ctx.engine {
+        Some(engine) => engine.enqueue(spec, placement)?,
+        None => submit::enqueue_one(store(ctx)?, spec, placement)?,
+    })
+}
+
+/// Adds a batch, all or nothing; returns the ids that went into queues.
+pub fn enqueue_batch(ctx: &Ctx<'_>, specs: Vec<TaskSpec>) -> Result<Vec<u64>, OpError> {
+    Ok(match ctx.engine {
+        Some(engine) => engine.enqueue_batch(specs)?,
+        None => submit::enqueue_batch(store(ctx)?, specs)?,
+    })
+}
+
+/// Every queue, with live statuses when a daemon runs. A data dir lists the
+/// parallel queues of the daemon that last ran on it.
+pub fn queue_list(ctx: &Ctx<'_>) -> Result<Vec<QueueView>, OpError> {
+    Ok(match (ctx.engine, ctx.store) {
+        (Some(engine), _) => engine.queue_views(),
+        (None, Some(store)) => {
+            report::snapshot(store, store.parallel_queues()?, &|_| String::new())
+        }
+        (None, None) => report::empty_views(report::DEFAULT_PARALLEL_QUEUES),
+    })
+}
+
+/// One task, live or finished, in its wire form: a large stored blob stays
+/// compressed (the reader inflates it, not the daemon).
+pub fn task_show(ctx: &Ctx<'_>, id: u64) -> Result<Value, OpError> {
+    let store = ctx.store.ok_or_else(|| no_task(id))?;
+    let task = store.task(id)?.ok_or_else(|| no_task(id))?;
+    Ok(report::task_wire(&task, store.budget()))
+}
+
+/// Removes a task (a group parent with its children); returns the ids removed.
+pub fn task_remove(ctx: &Ctx<'_>, id: u64) -> Result<Vec<u64>, OpError> {
+    let store = ctx.store.ok_or_else(|| no_task(id))?;
+    let mut w = store.write();
+    let removed = w.remove(id)?;
+    w.commit()?;
+    ctx.changed();
+    Ok(removed)
+}
+
+/// Puts a dead letter back at the tail of its queue.
+pub fn task_retry(ctx: &Ctx<'_>, id: u64) -> Result<(), OpError> {
+    let store = ctx.store.ok_or_else(|| no_task(id))?;
+    let mut w = store.write();
+    w.retry(id, Placement::Last)?;
+    w.commit()?;
+    ctx.changed();
+    Ok(())
+}
