@@ -238,17 +238,10 @@ impl Config {
     pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         let cx = Ctx { path, text };
         let raw = cx.deserialize()?;
-        let base = path
-            .parent()
-            .map(|p| {
-                if p.as_os_str().is_empty() {
-                    Path::new(".")
-                } else {
-                    p
-                }
-            })
-            .unwrap_or(Path::new("."))
-            .to_path_buf();
+        let base = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
         let data_dir = resolve(
             &base,
             raw.data_dir
@@ -261,44 +254,62 @@ impl Config {
         for t in &raw.tags {
             check_name("tag", t.get_ref()).map_err(|e| cx.err(Some(t.span()), "tags", e))?;
         }
-        let durability = match raw
+        let budget = cx.budget(&raw.budget)?;
+        let engine = cx.engine(&raw)?;
+        Ok(Config {
+            path: path.to_path_buf(),
+            data_dir,
+            node: engine.node.clone(),
+            tags: raw.tags.iter().map(|t| t.get_ref().clone()).collect(),
+            durability: cx.durability(&raw)?,
+            disk_reserve: cx.size(
+                &raw.disk.reserve,
+                "disk.reserve",
+                crate::store::DEFAULT_DISK_RESERVE as usize,
+            )? as u64,
+            handlers: cx.handlers(&raw, &base, &budget)?,
+            budget,
+            engine,
+        })
+    }
+}
+
+impl Ctx<'_> {
+    fn durability(&self, raw: &Raw) -> Result<Durability, ConfigError> {
+        match raw
             .durability
             .as_ref()
             .map(|s| (s.get_ref().as_str(), s.span()))
         {
-            None | Some(("sync", _)) => Durability::Sync,
-            Some(("batched", _)) => Durability::Batched {
-                interval: cx.duration(
+            None | Some(("sync", _)) => Ok(Durability::Sync),
+            Some(("batched", _)) => Ok(Durability::Batched {
+                interval: self.duration(
                     &raw.flush_interval,
                     "flush_interval",
                     Duration::from_millis(100),
                 )?,
-            },
-            Some((other, span)) => {
-                return Err(cx.err(
-                    Some(span),
-                    "durability",
-                    format!("'{other}' is not a mode (use \"sync\" or \"batched\")"),
-                ));
-            }
-        };
+            }),
+            Some((other, span)) => Err(self.err(
+                Some(span),
+                "durability",
+                format!("'{other}' is not a mode (use \"sync\" or \"batched\")"),
+            )),
+        }
+    }
+
+    fn budget(&self, b: &RawBudget) -> Result<Budget, ConfigError> {
         let d = Budget::default();
         let budget = Budget {
-            compress_over: cx.size(
-                &raw.budget.compress_over,
-                "budget.compress_over",
-                d.compress_over,
-            )?,
-            max_object: cx.size(&raw.budget.max_object, "budget.max_object", d.max_object)?,
-            max_decompressed: cx.size(
-                &raw.budget.max_decompressed,
+            compress_over: self.size(&b.compress_over, "budget.compress_over", d.compress_over)?,
+            max_object: self.size(&b.max_object, "budget.max_object", d.max_object)?,
+            max_decompressed: self.size(
+                &b.max_decompressed,
                 "budget.max_decompressed",
                 d.max_decompressed,
             )?,
         };
         if let Err(m) = budget.validate() {
             // Blame the key the failed check is about.
-            let b = &raw.budget;
             let (key, span) = if budget.max_object == 0 || budget.max_object > MAX_OBJECT_CEILING {
                 ("budget.max_object", spanned(&b.max_object))
             } else {
@@ -307,12 +318,16 @@ impl Config {
                     spanned(&b.max_decompressed).or(spanned(&b.max_object)),
                 )
             };
-            return Err(cx.err(span, key, m));
+            return Err(self.err(span, key, m));
         }
+        Ok(budget)
+    }
+
+    fn engine(&self, raw: &Raw) -> Result<EngineConfig, ConfigError> {
         let b = Backoff::default();
         let backoff = Backoff {
-            initial: cx.duration(&raw.retry.initial, "retry.initial", b.initial)?,
-            max: cx.duration(&raw.retry.max, "retry.max", b.max)?,
+            initial: self.duration(&raw.retry.initial, "retry.initial", b.initial)?,
+            max: self.duration(&raw.retry.max, "retry.max", b.max)?,
             max_attempts: raw.retry.max_attempts.unwrap_or(0),
         };
         let e = EngineConfig::default();
@@ -323,7 +338,7 @@ impl Config {
                 .map_or(e.parallel_queues, |s| *s.get_ref()),
             workers: raw.workers.as_ref().map_or(0, |s| *s.get_ref()),
             backoff,
-            grace: cx.duration(&raw.grace, "grace", e.grace)?,
+            grace: self.duration(&raw.grace, "grace", e.grace)?,
             node: raw.node.as_ref().map(|s| s.get_ref().clone()),
             ..e
         };
@@ -339,30 +354,40 @@ impl Config {
                 let r = &raw.retry;
                 ("retry.initial", spanned(&r.initial).or(spanned(&r.max)))
             };
-            return Err(cx.err(span, key, m));
+            return Err(self.err(span, key, m));
         }
+        Ok(engine)
+    }
+
+    /// One command handler per `[handlers.KIND]` table.
+    fn handlers(
+        &self,
+        raw: &Raw,
+        base: &Path,
+        budget: &Budget,
+    ) -> Result<BTreeMap<String, CommandHandler>, ConfigError> {
         let mut handlers = BTreeMap::new();
         for (kind, h) in &raw.handlers {
             let key = format!("handlers.{kind}");
-            check_name("kind", kind).map_err(|e| cx.err(Some(h.span()), &key, e))?;
+            check_name("kind", kind).map_err(|e| self.err(Some(h.span()), &key, e))?;
             let hr = h.get_ref();
-            let timeout = cx.duration(
+            let timeout = self.duration(
                 &hr.timeout,
                 &format!("{key}.timeout"),
                 Duration::from_secs(600),
             )?;
-            let cwd = resolve(&base, hr.cwd.as_deref().unwrap_or("."));
+            let cwd = resolve(base, hr.cwd.as_deref().unwrap_or("."));
             let mk =
                 |argv: &Spanned<Vec<String>>, name: &str| -> Result<CommandSpec, ConfigError> {
                     if argv.get_ref().is_empty() {
-                        return Err(cx.err(
+                        return Err(self.err(
                             Some(argv.span()),
                             &format!("{key}.{name}"),
                             "the command must not be empty",
                         ));
                     }
                     Ok(CommandSpec {
-                        argv: resolve_argv(&base, argv.get_ref()),
+                        argv: resolve_argv(base, argv.get_ref()),
                         cwd: cwd.clone(),
                         env: hr.env.clone(),
                         timeout,
@@ -378,21 +403,7 @@ impl Config {
                 },
             );
         }
-        Ok(Config {
-            path: path.to_path_buf(),
-            data_dir,
-            node: engine.node.clone(),
-            tags: raw.tags.iter().map(|t| t.get_ref().clone()).collect(),
-            durability,
-            budget,
-            disk_reserve: cx.size(
-                &raw.disk.reserve,
-                "disk.reserve",
-                crate::store::DEFAULT_DISK_RESERVE as usize,
-            )? as u64,
-            engine,
-            handlers,
-        })
+        Ok(handlers)
     }
 }
 

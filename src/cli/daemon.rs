@@ -3,38 +3,58 @@
 //! grace period); a second one exits at once (running tasks are then
 //! recovered at the next start).
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use berth::clock;
 use berth::config::Config;
 use berth::control;
-use berth::engine::{Engine, Handlers};
+use berth::engine::{Engine, Handlers, RunSummary};
 use berth::ops::{self, Ctx};
 use berth::store::{Options, Role, Store};
 use berth::submit;
+use berth::task::TaskSpec;
 
 use super::args::RunArgs;
 use super::{CliError, read_file};
 
 /// `data_dir`, when given on the command line or in BERTH_DATA_DIR,
 /// overrides the config's `data_dir`.
-pub fn run(a: RunArgs, data_dir: Option<&std::path::Path>) -> Result<(), CliError> {
+pub fn run(a: RunArgs, data_dir: Option<&Path>) -> Result<(), CliError> {
     let mut config = Config::load(&a.config).map_err(|e| CliError::input(e.to_string()))?;
     if let Some(d) = data_dir {
         config.data_dir = d.to_path_buf();
     }
     // Check the batch before touching the data dir.
-    let batch = match &a.enqueue {
-        Some(f) => {
-            let text = read_file(f, "batch file")?;
-            Some((
-                f.clone(),
-                submit::parse_batch(&text)
-                    .map_err(|e| CliError::input(format!("batch file {}: {e}", f.display())))?,
-            ))
-        }
-        None => None,
-    };
+    let batch = a.enqueue.as_deref().map(read_batch).transpose()?;
+    let engine = start_engine(&config)?;
+    if let Some((f, specs)) = batch {
+        let ids = ops::enqueue_batch(&Ctx::daemon(&engine), specs)
+            .map_err(|e| e.context(&format!("batch file {}: ", f.display())))?;
+        log::info!("enqueued {} task(s) from {}", ids.len(), f.display());
+    }
+    install_signals(&engine)?;
+    log::info!(
+        "berth running on {} (node {}, {} parallel queues, {} workers)",
+        config.data_dir.display(),
+        config.node.as_deref().unwrap_or("-"),
+        config.engine.parallel_queues,
+        config.engine.worker_count()
+    );
+    let summary = serve_and_run(&engine, &config.data_dir, a.until_idle)?;
+    finish(summary)
+}
+
+fn read_batch(f: &Path) -> Result<(PathBuf, Vec<TaskSpec>), CliError> {
+    let text = read_file(f, "batch file")?;
+    let specs = submit::parse_batch(&text)
+        .map_err(|e| CliError::input(format!("batch file {}: {e}", f.display())))?;
+    Ok((f.to_path_buf(), specs))
+}
+
+/// Opens the store as the daemon and builds the engine with a command
+/// handler per kind; records the parallel queue count in the data dir.
+fn start_engine(config: &Config) -> Result<Engine, CliError> {
     let opts = Options {
         durability: config.durability,
         budget: config.budget,
@@ -47,19 +67,19 @@ pub fn run(a: RunArgs, data_dir: Option<&std::path::Path>) -> Result<(), CliErro
     for (kind, h) in &config.handlers {
         handlers.register(kind.clone(), h.clone());
     }
-    let engine =
-        Engine::new(store.clone(), handlers, config.engine.clone()).map_err(CliError::input)?;
-    store
+    let engine = Engine::new(store, handlers, config.engine.clone()).map_err(CliError::input)?;
+    engine
+        .store()
         .set_parallel_queues(config.engine.parallel_queues)
         .map_err(|e| CliError::runtime(format!("{}: {e}", config.data_dir.display())))?;
-    if let Some((f, specs)) = batch {
-        let ids = ops::enqueue_batch(&Ctx::daemon(&engine), specs)
-            .map_err(|e| e.context(&format!("batch file {}: ", f.display())))?;
-        log::info!("enqueued {} task(s) from {}", ids.len(), f.display());
-    }
+    Ok(engine)
+}
+
+/// SIGTERM, SIGINT and SIGHUP stop the engine; a second one exits at once.
+/// (SIGHUP too: a closed terminal or session must not kill the daemon like
+/// a crash, its default action, but stop it like SIGTERM.)
+fn install_signals(engine: &Engine) -> Result<(), CliError> {
     let stop = engine.stop_handle().flag();
-    // SIGHUP too: a closed terminal or session must not kill the daemon
-    // like a crash (its default action), but stop it like SIGTERM.
     for sig in [
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,
@@ -70,24 +90,21 @@ pub fn run(a: RunArgs, data_dir: Option<&std::path::Path>) -> Result<(), CliErro
             .and_then(|_| signal_hook::flag::register(sig, stop.clone()))
             .map_err(|e| CliError::runtime(format!("installing signal handlers: {e}")))?;
     }
-    log::info!(
-        "berth running on {} (node {}, {} parallel queues, {} workers)",
-        config.data_dir.display(),
-        config.node.as_deref().unwrap_or("-"),
-        config.engine.parallel_queues,
-        config.engine.worker_count()
-    );
-    let (server, listener) = control::Server::bind(&config.data_dir).map_err(|e| {
+    Ok(())
+}
+
+/// Serves the control socket while the engine runs; stops it after.
+fn serve_and_run(engine: &Engine, dir: &Path, until_idle: bool) -> Result<RunSummary, CliError> {
+    let (server, listener) = control::Server::bind(dir).map_err(|e| {
         CliError::runtime(format!(
             "binding the control socket in {}: {e}",
-            config.data_dir.display()
+            dir.display()
         ))
     })?;
-    let summary = std::thread::scope(|scope| {
-        let engine = &engine;
+    std::thread::scope(|scope| {
         let server = &server;
         scope.spawn(move || server.serve(scope, listener, engine));
-        let r = if a.until_idle {
+        let r = if until_idle {
             engine.run_until_idle()
         } else {
             engine.run()
@@ -95,7 +112,7 @@ pub fn run(a: RunArgs, data_dir: Option<&std::path::Path>) -> Result<(), CliErro
         server.stop();
         r
     })
-    .map_err(|e| match store.failure() {
+    .map_err(|e| match engine.store().failure() {
         // The store can no longer write (see store/health.rs): stop at once,
         // with a code of our own, so that a supervisor restarts berth, which
         // reopens (and so repairs) the data dir.
@@ -111,7 +128,11 @@ pub fn run(a: RunArgs, data_dir: Option<&std::path::Path>) -> Result<(), CliErro
             }
         }
         None => CliError::runtime(format!("the engine stopped: {e}")),
-    })?;
+    })
+}
+
+/// Logs how the run ended and picks the exit code.
+fn finish(summary: RunSummary) -> Result<(), CliError> {
     if summary.abandoned > 0 {
         let n = berth::engine::command::kill_running();
         log::warn!("killed {n} handler process group(s) still running after the grace period");

@@ -11,8 +11,9 @@ use crate::budget::Budget;
 use crate::clock::SharedClock;
 use crate::codec;
 use crate::store::durability::{Durability, GroupCommit};
+use crate::store::error::WriteError;
 use crate::store::error::{CorruptRecord, ReadError};
-use crate::store::event::{CommitRecord, Event};
+use crate::store::event::{CommitRecord, Event, KeyWrite};
 use crate::store::files::DbFiles;
 use crate::store::health::{self, Failed, SpaceError};
 use crate::store::keys::{self, EVENT, HISTORY, TASK};
@@ -69,25 +70,25 @@ pub(crate) struct Inner {
 }
 
 pub struct Store {
-    pub(crate) tree: sled::Db,
-    pub(crate) dir: PathBuf,
-    pub(crate) inner: Mutex<Inner>,
-    pub(crate) commit: Arc<GroupCommit>,
-    pub(crate) clock: SharedClock,
-    pub(crate) budget: Budget,
-    pub(crate) durability: Durability,
-    pub(crate) reserve: u64,
+    pub(super) tree: sled::Db,
+    pub(super) dir: PathBuf,
+    pub(super) inner: Mutex<Inner>,
+    pub(super) commit: Arc<GroupCommit>,
+    pub(super) clock: SharedClock,
+    pub(super) budget: Budget,
+    pub(super) durability: Durability,
+    pub(super) reserve: u64,
     /// Committed key writes not yet applied to the tree; every read looks here first.
-    pub(crate) overlay: Arc<Overlay>,
+    pub(super) overlay: Arc<Overlay>,
     /// sled's files, synced after every flush.
-    pub(crate) files: Arc<DbFiles>,
-    pub(crate) applier: Option<JoinHandle<()>>,
-    pub(crate) corrupt: Vec<CorruptRecord>,
-    pub(crate) recovered: Vec<u64>,
+    pub(super) files: Arc<DbFiles>,
+    pub(super) applier: Option<JoinHandle<()>>,
+    pub(super) corrupt: Vec<CorruptRecord>,
+    pub(super) recovered: Vec<u64>,
     /// Set for good by the first failed sled write or flush.
-    pub(crate) failed: Arc<Failed>,
-    pub(crate) flusher: Option<(mpsc::Sender<()>, JoinHandle<()>)>,
-    pub(crate) _lock: DirLock,
+    pub(super) failed: Arc<Failed>,
+    pub(super) flusher: Option<(mpsc::Sender<()>, JoinHandle<()>)>,
+    pub(super) _lock: DirLock,
 }
 
 impl std::fmt::Debug for Store {
@@ -156,6 +157,53 @@ impl Store {
     /// task, so that the tasks running can still record how they ended.
     pub fn below_reserve(&self) -> Option<SpaceError> {
         health::check_space(&self.dir, self.reserve, 0).err()
+    }
+
+    /// A transaction has begun (so a flush leader may wait for it).
+    pub(crate) fn txn_begun(&self) {
+        self.commit.begin();
+    }
+
+    /// A begun transaction was dropped without writing.
+    pub(crate) fn txn_dropped(&self) {
+        self.commit.abandon();
+    }
+
+    /// Checks the space for a commit of new work whose record is `bytes` long.
+    pub(crate) fn check_space(&self, bytes: usize) -> Result<(), SpaceError> {
+        health::check_space(&self.dir, self.reserve, health::need_for_record(bytes))
+    }
+
+    /// The acknowledged path of a commit, under the write lock: inserts its
+    /// record under `e` + its first event number (the only sled write a
+    /// commit waits for), puts its key writes in the overlay (readers see
+    /// them from now on; the applier writes them to the tree later), and
+    /// returns its group-commit ticket.
+    pub(crate) fn append(
+        &self,
+        first_seq: u64,
+        record: Vec<u8>,
+        writes: Vec<KeyWrite>,
+    ) -> Result<u64, WriteError> {
+        self.overlay.wait_for_room();
+        if let Err(e) = self.tree.insert(keys::id_key(EVENT, first_seq), record) {
+            self.failed.fail(&self.tree, &e);
+            return Err(WriteError::Database(e));
+        }
+        self.overlay
+            .put(first_seq, writes.into_iter().map(|w| (w.key, w.value)));
+        Ok(self.commit.published())
+    }
+
+    /// Waits until the commit with `ticket` is durable, as the mode says
+    /// (after the write lock is released, so that commits share flushes).
+    pub(crate) fn wait_durable(&self, ticket: u64) -> Result<(), WriteError> {
+        if self.durability == Durability::Sync {
+            self.commit
+                .wait_durable(ticket, || self.flush_now())
+                .map_err(WriteError::Flush)?;
+        }
+        Ok(())
     }
 
     pub(crate) fn flush_now(&self) -> std::io::Result<()> {
@@ -253,10 +301,7 @@ impl Store {
             let (k, v) = match item {
                 Ok(kv) => kv,
                 Err(e) => {
-                    out.push(Err(CorruptRecord {
-                        key: format!("{}/?", prefix as char),
-                        reason: e.to_string(),
-                    }));
+                    out.push(Err(CorruptRecord::new(&[prefix], e)));
                     continue;
                 }
             };
@@ -299,14 +344,11 @@ impl Store {
         self.tree
             .range(start..=keys::id_key(EVENT, u64::MAX))
             .flat_map(move |item| {
-                let decoded = item
-                    .map_err(|e| CorruptRecord {
-                        key: "e/?".into(),
-                        reason: e.to_string(),
-                    })
-                    .and_then(|(k, v)| {
-                        codec::decode::<CommitRecord>(&v).map_err(|e| CorruptRecord::new(&k, e))
-                    });
+                let decoded =
+                    item.map_err(|e| CorruptRecord::new(&[EVENT], e))
+                        .and_then(|(k, v)| {
+                            codec::decode::<CommitRecord>(&v).map_err(|e| CorruptRecord::new(&k, e))
+                        });
                 let items: Vec<Result<Event, CorruptRecord>> = match decoded {
                     Ok(rec) => rec
                         .events

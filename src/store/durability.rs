@@ -1,12 +1,13 @@
 //! When a write is acknowledged.
 //!
-//! `sync`: a commit returns only once a flush that began after its batch was
-//! applied has finished. Concurrent committers share flushes (group commit):
-//! one of them leads and flushes everything applied so far, the others wait
-//! for it, so N producers cost about one fsync per round, not N.
+//! `sync`: a commit returns only once a flush that began after its record was
+//! written (and its key writes published) has finished. Concurrent
+//! committers share flushes (group commit): one of them leads and flushes
+//! everything published so far, the others wait for it, so N producers cost
+//! about one flush and fsync per round, not N.
 //!
-//! `batched`: a commit returns once its batch is applied in memory; a
-//! background thread flushes every `interval`. A crash loses at most the
+//! `batched`: a commit returns once its record is written in sled's memory;
+//! a background thread flushes every `interval`. A crash loses at most the
 //! commits of the last interval plus one flush.
 
 use std::sync::{Condvar, Mutex};
@@ -23,15 +24,15 @@ pub enum Durability {
 
 #[derive(Debug, Default)]
 struct State {
-    /// Batches applied (a ticket counter).
+    /// Transactions published (a ticket counter).
     written: u64,
-    /// Every batch up to this ticket is on disk.
+    /// Every transaction up to this ticket is on disk.
     durable: u64,
     /// A leader is flushing now.
     flushing: bool,
     /// Flushes done (for tests and metrics).
     flushes: u64,
-    /// Transactions begun but not yet applied or dropped.
+    /// Transactions begun but not yet published or dropped.
     in_flight: usize,
 }
 
@@ -62,9 +63,10 @@ impl GroupCommit {
         self.cv.notify_all();
     }
 
-    /// Records that a begun transaction's writes are applied; returns its ticket.
-    /// Call it right after the writes, under the store's write lock.
-    pub fn applied(&self) -> u64 {
+    /// Records that a begun transaction's record is written and its key
+    /// writes are visible (published); returns its ticket. Call it right
+    /// after, under the store's write lock.
+    pub fn published(&self) -> u64 {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         st.written += 1;
         st.in_flight = st.in_flight.saturating_sub(1);
@@ -115,18 +117,18 @@ impl GroupCommit {
         }
     }
 
-    /// Flushes everything applied so far (used by the batched flusher and at close).
+    /// Flushes everything published so far (used by the batched flusher).
     pub fn flush_all(&self, flush: impl Fn() -> std::io::Result<()>) -> std::io::Result<()> {
         let ticket = self.state.lock().unwrap_or_else(|p| p.into_inner()).written;
         self.wait_durable(ticket, flush)
     }
 
-    /// The ticket of the last applied transaction.
+    /// The ticket of the last published transaction.
     pub fn written(&self) -> u64 {
         self.state.lock().unwrap_or_else(|p| p.into_inner()).written
     }
 
-    /// Whether batches are waiting for a flush.
+    /// Whether transactions are waiting for a flush.
     pub fn pending(&self) -> bool {
         let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         st.written > st.durable
@@ -145,7 +147,7 @@ mod tests {
 
     #[test]
     fn every_commit_is_on_disk_when_its_wait_returns() {
-        // A pretend disk: `memory` counts batches applied, a flush copies it to `disk`.
+        // A pretend disk: `memory` counts transactions published, a flush copies it to `disk`.
         let gc = Arc::new(GroupCommit::default());
         let memory = Arc::new(Mutex::new(0u64));
         let disk = Arc::new(AtomicU64::new(0));
@@ -157,7 +159,7 @@ mod tests {
                         let (mine, ticket) = {
                             let mut m = memory.lock().unwrap();
                             *m += 1;
-                            (*m, gc.applied())
+                            (*m, gc.published())
                         };
                         gc.wait_durable(ticket, || {
                             let now = *memory.lock().unwrap();
@@ -181,7 +183,7 @@ mod tests {
     #[test]
     fn a_failed_flush_is_reported_and_a_later_one_can_succeed() {
         let gc = GroupCommit::default();
-        let t = gc.applied();
+        let t = gc.published();
         let err = gc
             .wait_durable(t, || Err(std::io::Error::other("disk gone")))
             .unwrap_err();

@@ -364,6 +364,22 @@ fn load_order(o: &Opening<'_>, corrupt: &mut Vec<CorruptRecord>) -> Result<Order
     Ok(order)
 }
 
+/// What steps 4 to 6 read from the tree.
+struct Loaded {
+    files: Arc<DbFiles>,
+    replayed: Replayed,
+    order: Order,
+    corrupt: Vec<CorruptRecord>,
+}
+
+/// An `OpenError` for a panic of sled's while it read the database.
+fn damaged(dir: &Path, panic: String) -> OpenError {
+    OpenError::Damaged {
+        dir: dir.to_path_buf(),
+        detail: format!("sled panicked while reading it: {panic}"),
+    }
+}
+
 impl Store {
     /// Opens (and if asked, creates) the data dir, recovering interrupted
     /// tasks. The steps are in this module's doc.
@@ -375,13 +391,6 @@ impl Store {
         let failed = Arc::new(Failed::default());
         // sled panics on some damaged pages only when they are read: every
         // read of the open is under `panics::catch`.
-        let damaged = |panic: String| {
-            failed.fail(&tree, &panic);
-            OpenError::Damaged {
-                dir: dir.to_path_buf(),
-                detail: format!("sled panicked while reading it: {panic}"),
-            }
-        };
         let loaded = panics::catch(|| {
             let o = Opening {
                 dir,
@@ -393,15 +402,53 @@ impl Store {
             let mut corrupt = Vec::new();
             let replayed = reapply(&o, format, &mut corrupt)?;
             let order = load_order(&o, &mut corrupt)?;
-            Ok((files, replayed, order, corrupt))
+            Ok(Loaded {
+                files,
+                replayed,
+                order,
+                corrupt,
+            })
         })
-        .map_err(damaged)?;
-        let (files, replayed, order, corrupt) = loaded?;
+        .map_err(|panic| {
+            failed.fail(&tree, &panic);
+            damaged(dir, panic)
+        })??;
+        let mut store = Store::start(dir, opts, clock, lock, tree, failed, loaded)?;
+        let recovered = panics::catch(|| store.recover()).map_err(|panic| {
+            store.failed.fail(&store.tree, &panic);
+            damaged(dir, panic)
+        })?;
+        recovered.map_err(|source| OpenError::Recover {
+            dir: dir.to_path_buf(),
+            source: Box::new(source),
+        })?;
+        for c in store.corrupt_records() {
+            log::warn!("{}: {c}", dir.display());
+        }
+        Ok(store)
+    }
 
+    /// Step 7's first half: starts the applier (and the batched flusher)
+    /// and assembles the store.
+    fn start(
+        dir: &Path,
+        opts: Options,
+        clock: SharedClock,
+        lock: DirLock,
+        tree: sled::Db,
+        failed: Arc<Failed>,
+        loaded: Loaded,
+    ) -> Result<Store, OpenError> {
         let io = |source| OpenError::Io {
             dir: dir.to_path_buf(),
             source,
         };
+        let Loaded {
+            files,
+            replayed,
+            order,
+            corrupt,
+        } = loaded;
         let overlay = Arc::new(Overlay::new(replayed.last_record));
         let applier = overlay.spawn(tree.clone(), failed.clone()).map_err(io)?;
         let commit = Arc::new(GroupCommit::default());
@@ -418,7 +465,7 @@ impl Store {
                 .map_err(io)?,
             ),
         };
-        let mut store = Store {
+        Ok(Store {
             tree,
             dir: dir.to_path_buf(),
             inner: Mutex::new(Inner {
@@ -439,25 +486,10 @@ impl Store {
             failed,
             flusher,
             _lock: lock,
-        };
-        let recovered = panics::catch(|| store.recover()).map_err(|panic| {
-            store.failed.fail(&store.tree, &panic);
-            OpenError::Damaged {
-                dir: dir.to_path_buf(),
-                detail: format!("sled panicked while reading it: {panic}"),
-            }
-        })?;
-        recovered.map_err(|source| OpenError::Recover {
-            dir: dir.to_path_buf(),
-            source: Box::new(source),
-        })?;
-        for c in store.corrupt_records() {
-            log::warn!("{}: {c}", dir.display());
-        }
-        Ok(store)
+        })
     }
 
-    /// Step 7: puts tasks that were running when the process died back to
+    /// Step 7's second half: puts tasks that were running when the process died back to
     /// waiting: one `failed` event each with [`INTERRUPTED`] and no delay, in
     /// one ordinary commit. They keep their place at the head.
     fn recover(&mut self) -> Result<(), WriteError> {

@@ -1,15 +1,16 @@
 //! Write transactions: the only way berth's state changes.
 //!
-//! A [`WriteTxn`] holds the store's write lock, stages task changes in an
-//! overlay and queue-order changes in the index (with an undo log), and
+//! A [`WriteTxn`] holds the store's write lock, stages task changes in its
+//! slots (one per task it read or changed) and queue-order changes in the
+//! index (with an undo log), and
 //! records one [`Event`] per change. Every change to a task is made by
 //! applying its event ([`event::apply`]), so the state cannot say what the
 //! log does not. Dropping a transaction without committing discards it.
 //!
-//! `commit` inserts one [`CommitRecord`] (the events and the exact key
-//! writes) under `e` + first sequence number, puts the key writes in the
-//! store's overlay (which every read consults first), and waits for
-//! durability as the store's mode says. A background applier writes the keys
+//! `commit` hands one [`CommitRecord`] (the events and the exact key writes)
+//! to `Store::append`, which inserts it under `e` + first sequence number and
+//! puts the key writes in the store's overlay (which every read consults
+//! first), then waits for durability as the store's mode says. A background applier writes the keys
 //! to the tree later, then an applied mark; opening the store re-applies
 //! every record after the mark (see `overlay`). So one insert and one shared
 //! flush acknowledge a commit, and unlike sled's `apply_batch` the insert
@@ -22,11 +23,9 @@ use std::sync::MutexGuard;
 use crate::budget::Blob;
 use crate::codec;
 use crate::store::db::{Inner, Store};
-use crate::store::durability::Durability;
 use crate::store::error::{CorruptRecord, WriteError};
 use crate::store::event::{self, CommitRecord, Event, EventKind, KeyWrite};
-use crate::store::health;
-use crate::store::keys::{self, EVENT, HISTORY, TASK};
+use crate::store::keys::{self, HISTORY, TASK};
 use crate::store::order::{KeyOp, Placement, Undo};
 use crate::task::{Status, Task, check_name};
 
@@ -73,11 +72,11 @@ pub struct WriteTxn<'s> {
 
 impl<'s> WriteTxn<'s> {
     pub(crate) fn new(store: &'s Store, inner: MutexGuard<'s, Inner>) -> Self {
-        store.commit.begin();
+        store.txn_begun();
         let (next_id, next_seq) = (inner.next_id, inner.next_seq);
         WriteTxn {
             store,
-            now: store.clock.now_ms(),
+            now: store.clock().now_ms(),
             inner: Some(inner),
             slots: BTreeMap::new(),
             ops: Vec::new(),
@@ -143,12 +142,9 @@ impl<'s> WriteTxn<'s> {
         let key = keys::id_key(prefix, id);
         match self.store.get_raw(&key)? {
             None => Ok(None),
-            Some(v) => codec::decode(&v).map(Some).map_err(|e| {
-                WriteError::Corrupt(CorruptRecord {
-                    key: keys::key_display(&key),
-                    reason: e.to_string(),
-                })
-            }),
+            Some(v) => codec::decode(&v)
+                .map(Some)
+                .map_err(|e| WriteError::Corrupt(CorruptRecord::new(&key, e))),
         }
     }
 
@@ -250,7 +246,7 @@ impl<'s> WriteTxn<'s> {
         }
         task.status = Status::Queued;
         let size = codec::encode(&task).len();
-        let budget = self.store.budget.max_object;
+        let budget = self.store.budget().max_object;
         if size > budget {
             return Err(WriteError::Budget(crate::budget::BudgetError::TooLarge {
                 what: "record",
@@ -463,18 +459,11 @@ impl<'s> WriteTxn<'s> {
         self.events.is_empty()
     }
 
-    /// Writes the transaction (atomically, see the module doc) and waits as
-    /// the durability mode says.
-    pub fn commit(mut self) -> Result<Receipt, WriteError> {
-        if self.events.is_empty() {
-            return Ok(Receipt {
-                last_seq: 0,
-                events: 0,
-            });
-        }
-        if let Some(why) = self.store.failure() {
-            return Err(WriteError::Failed(why));
-        }
+    /// The key writes this transaction makes: queue keys from the order
+    /// changes, and for each task it changed (a dirty slot; tasks it only
+    /// read are not written), a delete of its old key if it moved or was
+    /// removed, and a put of the encoded task under its new key.
+    fn key_writes(&self) -> Vec<KeyWrite> {
         let mut writes = Vec::with_capacity(self.ops.len() + self.slots.len());
         for op in &self.ops {
             writes.push(match op {
@@ -489,16 +478,13 @@ impl<'s> WriteTxn<'s> {
             });
         }
         for (id, slot) in self.slots.iter().filter(|(_, s)| s.dirty) {
-            let origin_key = match slot.origin {
+            let key_of = |home| match home {
                 Home::New => None,
                 Home::Live => Some(keys::id_key(TASK, *id)),
                 Home::History => Some(keys::id_key(HISTORY, *id)),
             };
-            let target_key = match (&slot.task, slot.home) {
-                (None, _) => None,
-                (Some(_), Home::History) => Some(keys::id_key(HISTORY, *id)),
-                (Some(_), _) => Some(keys::id_key(TASK, *id)),
-            };
+            let origin_key = key_of(slot.origin);
+            let target_key = slot.task.as_ref().and_then(|_| key_of(slot.home));
             if let Some(k) = origin_key
                 && Some(k) != target_key
             {
@@ -514,11 +500,26 @@ impl<'s> WriteTxn<'s> {
                 });
             }
         }
+        writes
+    }
+
+    /// Writes the transaction (atomically, see the module doc) and waits as
+    /// the durability mode says.
+    pub fn commit(mut self) -> Result<Receipt, WriteError> {
+        if self.events.is_empty() {
+            return Ok(Receipt {
+                last_seq: 0,
+                events: 0,
+            });
+        }
+        if let Some(why) = self.store.failure() {
+            return Err(WriteError::Failed(why));
+        }
         let first_seq = self.events[0].seq;
         let record = CommitRecord {
             next_id: self.next_id,
+            writes: self.key_writes(),
             events: std::mem::take(&mut self.events),
-            writes,
         };
         let bytes = codec::encode(&record);
         if bytes.len() > codec::MAX_RECORD_BYTES {
@@ -529,45 +530,22 @@ impl<'s> WriteTxn<'s> {
                 budget: codec::MAX_RECORD_BYTES,
             }));
         }
-        let store = self.store;
         if !self.reserve && record.events.iter().any(|e| e.kind.is_new_work()) {
-            health::check_space(
-                &store.dir,
-                store.reserve,
-                health::need_for_record(bytes.len()),
-            )?;
+            self.store.check_space(bytes.len())?;
         }
-        store.overlay.wait_for_room();
-        if let Err(e) = store.tree.insert(keys::id_key(EVENT, first_seq), bytes) {
-            store.failed.fail(&store.tree, &e);
-            return Err(WriteError::Database(e));
-        }
-        // The record is in: its key writes go to the overlay, where readers
-        // see them at once, and the applier writes them to the tree later.
         let events = record.events.len();
-        store.overlay.put(
-            first_seq,
-            record.writes.into_iter().map(|w| (w.key, w.value)),
-        );
-        let ticket = self.store.commit.applied();
+        let ticket = self.store.append(first_seq, bytes, record.writes)?;
         let receipt = Receipt {
             last_seq: self.next_seq - 1,
             events,
         };
-        {
-            let (next_id, next_seq) = (self.next_id, self.next_seq);
-            let inner = self.inner();
-            inner.next_id = next_id;
-            inner.next_seq = next_seq;
-        }
+        let (next_id, next_seq) = (self.next_id, self.next_seq);
+        let inner = self.inner();
+        inner.next_id = next_id;
+        inner.next_seq = next_seq;
         self.undo.clear();
         self.inner = None; // release the write lock before waiting for the disk
-        if store.durability == Durability::Sync {
-            store
-                .commit
-                .wait_durable(ticket, || store.flush_now())
-                .map_err(WriteError::Flush)?;
-        }
+        self.store.wait_durable(ticket)?;
         Ok(receipt)
     }
 }
@@ -577,7 +555,7 @@ impl Drop for WriteTxn<'_> {
         if let Some(inner) = self.inner.as_mut() {
             let undo = std::mem::take(&mut self.undo);
             inner.order.rollback(undo);
-            self.store.commit.abandon();
+            self.store.txn_dropped();
         }
     }
 }
