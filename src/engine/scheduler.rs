@@ -233,11 +233,6 @@ impl Scheduler {
                 FollowUpAt::AfterCurrent if t.queue == task.queue => Placement::After(task.id),
                 FollowUpAt::AfterCurrent => Placement::Last,
             };
-            let placement = if at == FollowUpAt::Head && t.queue != task.queue {
-                Placement::First
-            } else {
-                placement
-            };
             w.enqueue(t, Some(placement))?;
         }
         let delay_ms = outcome.delay.map(|d| d.as_millis() as u64);
