@@ -11,6 +11,7 @@ pub mod config;
 pub mod control;
 pub mod engine;
 pub mod groups;
+pub mod queues;
 pub mod report;
 pub mod store;
 pub mod submit;

@@ -24,7 +24,7 @@ use crate::engine::handler::{
 use crate::engine::pool::Job;
 use crate::engine::status::QueueActivity;
 use crate::groups;
-use crate::report::parallel_queue;
+use crate::queues::parallel_queue;
 use crate::store::{Placement, WriteError, WriteTxn};
 use crate::task::{Status, Task};
 
