@@ -23,7 +23,7 @@ use crate::engine::handler::{
 };
 use crate::engine::pool::Job;
 use crate::engine::status::QueueActivity;
-use crate::groups;
+use crate::groups::{self, Child};
 use crate::queues::parallel_queue;
 use crate::store::{Placement, WriteError, WriteTxn};
 use crate::task::{Status, Task};
@@ -334,64 +334,22 @@ impl Scheduler {
             return Ok(());
         }
         let p = w.task(parent)?.clone();
-        let mut remaining: Vec<String> = Vec::new();
-        let mut errors: Vec<(String, String)> = Vec::new();
-        let mut dead = false;
-        for child in &p.children {
-            match w.task(*child) {
-                Err(WriteError::NoSuchTask(_)) => continue,
-                Err(WriteError::Corrupt(c)) => {
-                    // Never trusted as finished: the group waits, and says why.
-                    log::error!("group {parent}: child {child} is unreadable: {c}");
-                    remaining.push(format!("<corrupt task {child}>"));
-                    continue;
-                }
-                Err(e) => return Err(e),
-                Ok(_) => {}
-            }
-            let live = w.is_live(*child)?;
-            let t = w.task(*child)?;
-            if live {
-                remaining.push(t.name.clone());
-            }
-            let standing_error = (live && t.failures > 0) || (!live && t.status == Status::Failed);
-            if standing_error && let Some(m) = &t.last_failure {
-                errors.push((t.name.clone(), m.clone()));
-            }
-            dead |= !live && t.status == Status::Failed;
-        }
-        let failures = p.failures + u32::from(child_failed);
-        let message = groups::errors_message(errors.iter().map(|(n, m)| (n.as_str(), m.as_str())));
-        if remaining.is_empty() {
-            if dead {
-                w.update_group(parent, p.name.clone(), failures, message)?;
-                w.to_history(parent, Status::Failed)?;
-                self.tally.dead_letters += 1;
-            } else {
-                // Finished: the history shows the whole group again.
-                let mut all = Vec::new();
-                for c in &p.children {
-                    if w.exists(*c) {
-                        all.push(w.task(*c)?.name.clone());
-                    }
-                }
-                w.update_group(
-                    parent,
-                    groups::parent_name(all.iter().map(String::as_str)),
-                    failures,
-                    None,
-                )?;
-                w.to_history(parent, Status::Succeeded)?;
-                self.tally.succeeded += 1;
-            }
-            log::info!("group {} {} finished", p.id, p.kind);
-            let q = self.queue(&p.queue);
-            if q.running.as_ref().is_some_and(|r| r.id == parent) {
-                q.running = None;
-            }
+        let children = read_children(w, &p)?;
+        let g = groups::progress(&p, &children, child_failed);
+        w.update_group(parent, g.name, g.failures, g.message)?;
+        let Some(status) = g.finished else {
+            return Ok(());
+        };
+        w.to_history(parent, status)?;
+        if status == Status::Failed {
+            self.tally.dead_letters += 1;
         } else {
-            let name = groups::parent_name(remaining.iter().map(String::as_str));
-            w.update_group(parent, name, failures, message)?;
+            self.tally.succeeded += 1;
+        }
+        log::info!("group {} {} finished", p.id, p.kind);
+        let q = self.queue(&p.queue);
+        if q.running.as_ref().is_some_and(|r| r.id == parent) {
+            q.running = None;
         }
         Ok(())
     }
@@ -573,4 +531,26 @@ impl Default for Scheduler {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// A group parent's children as they stand in `w`, for [`groups::progress`]:
+/// a child that no longer exists is left out, an unreadable one is logged.
+fn read_children(w: &mut WriteTxn<'_>, parent: &Task) -> Result<Vec<Child>, WriteError> {
+    let mut children = Vec::with_capacity(parent.children.len());
+    for &child in &parent.children {
+        match w.task(child) {
+            Err(WriteError::NoSuchTask(_)) => continue,
+            Err(WriteError::Corrupt(c)) => {
+                // Never trusted as finished: the group waits, and says why.
+                log::error!("group {}: child {child} is unreadable: {c}", parent.id);
+                children.push(Child::Corrupt(child));
+                continue;
+            }
+            Err(e) => return Err(e),
+            Ok(_) => {}
+        }
+        let live = w.is_live(child)?;
+        children.push(Child::read(w.task(child)?, live));
+    }
+    Ok(children)
 }
