@@ -5,7 +5,10 @@
 //! channel. Library users enqueue through the engine, which wakes the loop.
 //! See `scheduler` for the per-step logic and its invariants.
 
+mod attempt;
 pub mod command;
+mod complete;
+mod dispatch;
 pub mod handler;
 pub mod pool;
 pub mod scheduler;
