@@ -1,47 +1,20 @@
 //! Same-weight groups (addon-operator's ParallelModuleRun): planning a batch
-//! into single tasks and groups, and the parent's name and error message as
-//! its children progress.
+//! into single tasks and groups, and the rules of a group's progress as its
+//! children run ([`progress`]).
 //!
 //! A batch is ordered by weight (stable; no weight sorts as 0 and never
 //! groups). Each run of two or more consecutive specs with the same weight
 //! and queue becomes a group: one parent in that queue, the children waiting
 //! outside every queue until the parent reaches the head (see `engine`).
+//!
+//! Everything here is pure: the engine reads the parent and its children
+//! from the store, asks [`progress`] what the parent becomes, and writes it.
 
-use crate::task::TaskSpec;
+use crate::task::{Status, Task, TaskSpec};
 
-/// One step of a planned batch.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Entry {
-    Single(TaskSpec),
-    Group(Vec<TaskSpec>),
-}
-
-/// Orders specs by weight and groups runs of equal weight in one queue.
-pub fn plan(mut specs: Vec<TaskSpec>) -> Vec<Entry> {
-    specs.sort_by_key(|s| s.weight.unwrap_or(0));
-    let mut out: Vec<Entry> = Vec::new();
-    let mut run: Vec<TaskSpec> = Vec::new();
-    let flush = |run: &mut Vec<TaskSpec>, out: &mut Vec<Entry>| match run.len() {
-        0 => {}
-        1 => out.push(Entry::Single(run.remove(0))),
-        _ => out.push(Entry::Group(std::mem::take(run))),
-    };
-    for s in specs {
-        let joins = match run.last() {
-            Some(last) => s.weight.is_some() && last.weight == s.weight && last.queue == s.queue,
-            None => false,
-        };
-        if !joins {
-            flush(&mut run, &mut out);
-        }
-        run.push(s);
-    }
-    flush(&mut run, &mut out);
-    out
-}
-
-/// Like [`plan`], but on indices into `specs` (for error messages that name
-/// the entry without searching for it).
+/// Orders a batch by weight and groups runs of equal weight in one queue:
+/// each inner list is one step, a single task or (two or more) a group, as
+/// indices into `specs` (so errors name the entry without searching for it).
 pub fn plan_indices(specs: &[TaskSpec]) -> Vec<Vec<usize>> {
     let mut order: Vec<usize> = (0..specs.len()).collect();
     order.sort_by_key(|&i| specs[i].weight.unwrap_or(0));
@@ -66,12 +39,12 @@ pub fn plan_indices(specs: &[TaskSpec]) -> Vec<Vec<usize>> {
     out
 }
 
-/// `Parallel run for a, b, c`.
 /// Past this length a group's name lists the first names and how many more,
 /// so any group fits the 512-byte limit on task names.
 const NAME_LIST_MAX: usize = 400;
 
-pub fn parent_name<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
+/// `Parallel run for a, b, c`.
+fn parent_name<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
     let names: Vec<&str> = names.into_iter().collect();
     let mut list = String::new();
     for (i, n) in names.iter().enumerate() {
@@ -120,12 +93,115 @@ pub fn parent_spec(children: &[TaskSpec]) -> TaskSpec {
 
 /// `Errors:` and one `- name: message` line per child whose last attempt
 /// failed; None when no child has a standing error.
-pub fn errors_message<'a>(failed: impl IntoIterator<Item = (&'a str, &'a str)>) -> Option<String> {
+fn errors_message<'a>(failed: impl IntoIterator<Item = (&'a str, &'a str)>) -> Option<String> {
     let lines: Vec<String> = failed
         .into_iter()
         .map(|(n, m)| format!("- {n}: {m}"))
         .collect();
     (!lines.is_empty()).then(|| format!("Errors:\n{}", lines.join("\n")))
+}
+
+/// One child of a group as the engine read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Child {
+    /// A child whose record could be read.
+    Read {
+        name: String,
+        /// Still live: not in the history yet (where it is in the store,
+        /// not its status).
+        live: bool,
+        status: Status,
+        failures: u32,
+        last_failure: Option<String>,
+    },
+    /// A child whose record is corrupt (its id): never trusted as finished.
+    Corrupt(u64),
+}
+
+impl Child {
+    /// What the rules need of a readable child.
+    pub fn read(task: &Task, live: bool) -> Child {
+        Child::Read {
+            name: task.name.clone(),
+            live,
+            status: task.status,
+            failures: task.failures,
+            last_failure: task.last_failure.clone(),
+        }
+    }
+}
+
+/// What a group parent becomes (its `group-updated` event), and whether it
+/// has ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupProgress {
+    pub name: String,
+    pub failures: u32,
+    /// `Errors:` and one line per child with a standing error.
+    pub message: Option<String>,
+    /// Set when no child is live: the status the parent goes to the history
+    /// with.
+    pub finished: Option<Status>,
+}
+
+/// The rules of a group's progress, from its parent, its children (in the
+/// parent's order; a child that no longer exists is left out) and whether
+/// this update is for a failed attempt of a child:
+///
+/// - the failure count is the parent's, plus one for a failed attempt;
+/// - a child has a standing error when it is live and has failed, or
+///   finished as a dead letter; each gives a `- name: message` line;
+/// - while a child is live (or unreadable, shown as `<corrupt task N>`),
+///   the name lists those still live;
+/// - when none is, the group has ended: `failed` if any child was a dead
+///   letter (the name stays, the errors are kept), else `succeeded` with
+///   the whole group's name and no errors.
+pub fn progress(parent: &Task, children: &[Child], child_failed: bool) -> GroupProgress {
+    let mut remaining: Vec<String> = Vec::new();
+    let mut all: Vec<&str> = Vec::new();
+    let mut errors: Vec<(&str, &str)> = Vec::new();
+    let mut dead = false;
+    for child in children {
+        let (name, live, status, failures, last_failure) = match child {
+            Child::Corrupt(id) => {
+                remaining.push(format!("<corrupt task {id}>"));
+                continue;
+            }
+            Child::Read {
+                name,
+                live,
+                status,
+                failures,
+                last_failure,
+            } => (name, *live, *status, *failures, last_failure),
+        };
+        all.push(name);
+        if live {
+            remaining.push(name.clone());
+        }
+        let standing_error = (live && failures > 0) || (!live && status == Status::Failed);
+        if standing_error && let Some(m) = last_failure {
+            errors.push((name, m));
+        }
+        dead |= !live && status == Status::Failed;
+    }
+    let failures = parent.failures + u32::from(child_failed);
+    let message = errors_message(errors);
+    let (name, message, finished) = if !remaining.is_empty() {
+        let name = parent_name(remaining.iter().map(String::as_str));
+        (name, message, None)
+    } else if dead {
+        (parent.name.clone(), message, Some(Status::Failed))
+    } else {
+        // Finished: the history shows the whole group again.
+        (parent_name(all), None, Some(Status::Succeeded))
+    };
+    GroupProgress {
+        name,
+        failures,
+        message,
+        finished,
+    }
 }
 
 #[cfg(test)]
@@ -143,16 +219,17 @@ mod tests {
         }
     }
 
-    fn names(e: &Entry) -> Vec<&str> {
-        match e {
-            Entry::Single(s) => vec![s.name.as_str()],
-            Entry::Group(g) => g.iter().map(|s| s.name.as_str()).collect(),
-        }
+    /// The planned steps, by name.
+    fn plan_names(specs: &[TaskSpec]) -> Vec<Vec<&str>> {
+        plan_indices(specs)
+            .iter()
+            .map(|run| run.iter().map(|&i| specs[i].name.as_str()).collect())
+            .collect()
     }
 
     #[test]
     fn equal_weights_group_and_order_is_stable() {
-        let plan = plan(vec![
+        let specs = vec![
             s("c", Some(20)),
             s("a", Some(10)),
             s("b", Some(10)),
@@ -160,10 +237,9 @@ mod tests {
             s("e", Some(30)),
             s("x", None),
             s("y", None),
-        ]);
-        let got: Vec<_> = plan.iter().map(names).collect();
+        ];
         assert_eq!(
-            got,
+            plan_names(&specs),
             vec![
                 vec!["x"],
                 vec!["y"],
@@ -172,16 +248,25 @@ mod tests {
                 vec!["e"]
             ]
         );
-        assert!(matches!(plan[2], Entry::Group(_)));
-        assert!(matches!(plan[4], Entry::Single(_)));
+        assert_eq!(
+            plan_indices(&specs),
+            vec![vec![5], vec![6], vec![1, 2], vec![0, 3], vec![4]]
+        );
     }
 
     #[test]
     fn different_queues_do_not_group() {
         let mut b = s("b", Some(1));
         b.queue = "other".into();
-        let plan = plan(vec![s("a", Some(1)), b]);
-        assert_eq!(plan.len(), 2);
+        assert_eq!(
+            plan_names(&[s("a", Some(1)), b]),
+            vec![vec!["a"], vec!["b"]]
+        );
+    }
+
+    #[test]
+    fn an_empty_batch_plans_nothing() {
+        assert!(plan_indices(&[]).is_empty());
     }
 
     #[test]
@@ -216,6 +301,130 @@ mod tests {
         assert_eq!(
             errors_message([("echo", "boom"), ("mcplay", "bang")]).unwrap(),
             "Errors:\n- echo: boom\n- mcplay: bang"
+        );
+    }
+
+    fn parent(failures: u32) -> Task {
+        let children = [s("a", Some(1)), s("b", Some(1)), s("c", Some(1))];
+        let mut p = parent_spec(&children)
+            .into_task(0, &crate::budget::Budget::default())
+            .unwrap();
+        p.failures = failures;
+        p
+    }
+
+    fn child(name: &str, live: bool, status: Status, last_failure: Option<&str>) -> Child {
+        Child::Read {
+            name: name.into(),
+            live,
+            status,
+            failures: u32::from(last_failure.is_some()),
+            last_failure: last_failure.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn a_running_group_names_its_live_children_and_their_errors() {
+        let p = parent(0);
+        let children = [
+            child("a", false, Status::Succeeded, None),
+            child("b", true, Status::Queued, Some("boom")),
+            child("c", true, Status::Running, None),
+        ];
+        let g = progress(&p, &children, true);
+        assert_eq!(
+            g,
+            GroupProgress {
+                name: "Parallel run for b, c".into(),
+                failures: 1,
+                message: Some("Errors:\n- b: boom".into()),
+                finished: None,
+            }
+        );
+        // A child's success counts no failure; a child that succeeded after
+        // failing has no standing error.
+        let children = [
+            child("a", false, Status::Succeeded, Some("old")),
+            child("b", true, Status::Queued, None),
+        ];
+        let g = progress(&parent(3), &children, false);
+        assert_eq!((g.name.as_str(), g.failures), ("Parallel run for b", 3));
+        assert_eq!((g.message, g.finished), (None, None));
+    }
+
+    #[test]
+    fn a_group_whose_children_all_succeeded_ends_with_its_whole_name() {
+        let mut p = parent(2);
+        p.name = "Parallel run for c".into();
+        let children = [
+            child("a", false, Status::Succeeded, None),
+            child("b", false, Status::Succeeded, Some("once")),
+            child("c", false, Status::Succeeded, None),
+        ];
+        assert_eq!(
+            progress(&p, &children, false),
+            GroupProgress {
+                name: "Parallel run for a, b, c".into(),
+                failures: 2,
+                message: None,
+                finished: Some(Status::Succeeded),
+            }
+        );
+        // Children that no longer exist are left out of the name.
+        let g = progress(&p, &children[1..], false);
+        assert_eq!(g.name, "Parallel run for b, c");
+        // No child left at all: the group has ended too.
+        let g = progress(&p, &[], false);
+        assert_eq!(g.finished, Some(Status::Succeeded));
+    }
+
+    #[test]
+    fn a_dead_letter_child_fails_the_group_and_keeps_its_name_and_errors() {
+        let mut p = parent(4);
+        p.name = "Parallel run for b".into();
+        let children = [
+            child("a", false, Status::Succeeded, None),
+            child("b", false, Status::Failed, Some("gave up")),
+            child("c", false, Status::Failed, Some("also")),
+        ];
+        assert_eq!(
+            progress(&p, &children, true),
+            GroupProgress {
+                name: "Parallel run for b".into(),
+                failures: 5,
+                message: Some("Errors:\n- b: gave up\n- c: also".into()),
+                finished: Some(Status::Failed),
+            }
+        );
+    }
+
+    #[test]
+    fn an_unreadable_child_keeps_the_group_waiting_and_shows_in_its_name() {
+        let children = [
+            child("a", false, Status::Failed, Some("gave up")),
+            Child::Corrupt(7),
+            child("c", false, Status::Succeeded, None),
+        ];
+        let g = progress(&parent(0), &children, false);
+        assert_eq!(g.name, "Parallel run for <corrupt task 7>");
+        assert_eq!(g.message.as_deref(), Some("Errors:\n- a: gave up"));
+        assert_eq!(g.finished, None);
+    }
+
+    #[test]
+    fn a_child_read_from_its_task_keeps_what_the_rules_need() {
+        let mut t = parent(2);
+        t.last_failure = Some("boom".into());
+        t.status = Status::Running;
+        assert_eq!(
+            Child::read(&t, true),
+            Child::Read {
+                name: "Parallel run for a, b, c".into(),
+                live: true,
+                status: Status::Running,
+                failures: 2,
+                last_failure: Some("boom".into()),
+            }
         );
     }
 }

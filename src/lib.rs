@@ -12,6 +12,7 @@ pub mod control;
 pub mod engine;
 pub mod groups;
 pub mod ops;
+pub mod queues;
 pub mod report;
 pub mod store;
 pub mod submit;

@@ -7,26 +7,15 @@
 //! main queue, the other queues and the total. `main` comes first, the other
 //! queues follow in natural name order (`parallel_queue_2` before `_10`).
 
-use std::cmp::Ordering;
-
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::{Value, json};
 
 use crate::budget::{Blob, Budget};
+use crate::queues::{MAIN, natural_cmp, parallel_queue};
 use crate::store::Store;
 use crate::task::Task;
 
-pub const MAIN: &str = "main";
-
-/// Parallel queues a data dir lists when no daemon ever said how many it
-/// runs (the daemon's default).
-pub const DEFAULT_PARALLEL_QUEUES: usize = 10;
-
-/// The name of parallel queue `i`.
-pub fn parallel_queue(i: usize) -> String {
-    format!("parallel_queue_{i}")
-}
 
 /// One queue as shown.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,41 +24,6 @@ pub struct QueueView {
     pub status: String,
     /// Task descriptions, head first.
     pub tasks: Vec<String>,
-}
-
-/// Orders names digit runs by value: `q2` < `q10`.
-pub fn natural_cmp(a: &str, b: &str) -> Ordering {
-    let (mut x, mut y) = (a.as_bytes(), b.as_bytes());
-    loop {
-        match (x.first(), y.first()) {
-            (None, None) => return a.cmp(b),
-            (None, Some(_)) => return Ordering::Less,
-            (Some(_), None) => return Ordering::Greater,
-            (Some(c), Some(d)) if c.is_ascii_digit() && d.is_ascii_digit() => {
-                let xl = x.iter().take_while(|c| c.is_ascii_digit()).count();
-                let yl = y.iter().take_while(|c| c.is_ascii_digit()).count();
-                let (xn, yn) = (trim_zeros(&x[..xl]), trim_zeros(&y[..yl]));
-                let o = xn.len().cmp(&yn.len()).then_with(|| xn.cmp(yn));
-                if o != Ordering::Equal {
-                    return o;
-                }
-                x = &x[xl..];
-                y = &y[yl..];
-            }
-            (Some(c), Some(d)) => {
-                if c != d {
-                    return c.cmp(d);
-                }
-                x = &x[1..];
-                y = &y[1..];
-            }
-        }
-    }
-}
-
-fn trim_zeros(d: &[u8]) -> &[u8] {
-    let n = d.iter().take_while(|c| **c == b'0').count();
-    &d[n.min(d.len().saturating_sub(1))..]
 }
 
 /// Reads the queue set from the store: `main`, the parallel queues, and
@@ -594,26 +548,6 @@ Summary:
         assert_eq!(
             v["payload"]["error"],
             "the daemon sent a malformed compressed payload"
-        );
-    }
-
-    #[test]
-    fn natural_order_puts_2_before_10() {
-        let mut v = vec![
-            "parallel_queue_10",
-            "parallel_queue_2",
-            "alpha",
-            "parallel_queue_0",
-        ];
-        v.sort_by(|a, b| natural_cmp(a, b));
-        assert_eq!(
-            v,
-            vec![
-                "alpha",
-                "parallel_queue_0",
-                "parallel_queue_2",
-                "parallel_queue_10"
-            ]
         );
     }
 }

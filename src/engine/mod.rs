@@ -5,7 +5,10 @@
 //! channel. Library users enqueue through the engine, which wakes the loop.
 //! See `scheduler` for the per-step logic and its invariants.
 
+mod attempt;
 pub mod command;
+mod complete;
+mod dispatch;
 pub mod handler;
 pub mod pool;
 pub mod scheduler;
@@ -51,7 +54,7 @@ pub struct EngineConfig {
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
-            parallel_queues: 10,
+            parallel_queues: crate::queues::DEFAULT_PARALLEL_QUEUES,
             workers: 0,
             backoff: Backoff::default(),
             keep_delay: Duration::from_secs(5),

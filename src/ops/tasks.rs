@@ -44,7 +44,7 @@ pub fn queue_list(ctx: &Ctx<'_>) -> Result<Vec<QueueView>, OpError> {
         (None, Some(store)) => {
             report::snapshot(store, store.parallel_queues()?, &|_| String::new())
         }
-        (None, None) => report::empty_views(report::DEFAULT_PARALLEL_QUEUES),
+        (None, None) => report::empty_views(crate::queues::DEFAULT_PARALLEL_QUEUES),
     })
 }
 

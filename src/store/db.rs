@@ -112,7 +112,7 @@ impl Store {
     /// daemon's default if none said).
     pub fn parallel_queues(&self) -> Result<usize, ReadError> {
         match self.get_raw(keys::META_PARALLEL)? {
-            None => Ok(crate::report::DEFAULT_PARALLEL_QUEUES),
+            None => Ok(crate::queues::DEFAULT_PARALLEL_QUEUES),
             Some(v) => codec::decode::<u64>(&v)
                 .map(|n| n as usize)
                 .map_err(|e| ReadError::Corrupt(CorruptRecord::new(keys::META_PARALLEL, e))),

@@ -1,0 +1,238 @@
+//! An attempt's outcome, turned into store events in the step's transaction:
+//! follow-up tasks, then success (result, to the history), failure (backoff,
+//! or after the last attempt a dead letter), repeat or keep; and the group
+//! parent of a child brought up to date (`groups::progress` decides what it
+//! becomes). The queue's own state moves through `dispatch.rs`.
+
+use crate::budget::Budget;
+use crate::engine::handler::{FollowUpAt, Outcome, REPEAT_INTERVAL, RunResult};
+use crate::engine::scheduler::{Completion, LOG_TARGET, Scheduler, StepEnv};
+use crate::groups::{self, Child};
+use crate::store::{Placement, WriteError, WriteTxn};
+use crate::task::{Status, Task};
+
+impl Scheduler {
+    /// Applies one completion. Returns Err only for store failures.
+    pub fn complete(
+        &mut self,
+        w: &mut WriteTxn<'_>,
+        env: &StepEnv<'_>,
+        c: Completion,
+    ) -> Result<(), WriteError> {
+        self.returned(&c.queue);
+        let now = w.now();
+        if !w.exists(c.id) || !w.is_live(c.id)? {
+            log::info!(
+                target: LOG_TARGET,
+                "task {} finished after it was removed; its outcome is dropped",
+                c.id
+            );
+            return Ok(());
+        }
+        let task = w.task(c.id)?.clone();
+        let mut outcome = c.outcome;
+        let follow = checked_follow_ups(&task, &mut outcome, now, env.budget);
+        log::info!(
+            target: LOG_TARGET,
+            "task {} {} {} in {} ended (attempt {}, {} ms): {}",
+            task.id,
+            task.kind,
+            task.name,
+            task.queue,
+            task.attempts,
+            c.duration_ms,
+            outcome_word(&outcome.result)
+        );
+        for (t, at) in follow {
+            let placement = follow_up_placement(&task, &t, at);
+            w.enqueue(t, Some(placement))?;
+        }
+        let delay_ms = outcome.delay.map(|d| d.as_millis() as u64);
+        match outcome.result {
+            RunResult::Success => {
+                let result = outcome
+                    .output
+                    .as_ref()
+                    .and_then(|v| env.budget.result_blob(v, outcome.output_cut.as_deref()));
+                w.succeed(task.id, result)?;
+                w.to_history(task.id, Status::Succeeded)?;
+                self.tally.succeeded += 1;
+                if let Some(d) = delay_ms {
+                    self.sleep(&task.queue, now, d, false);
+                }
+                if let Some(p) = task.parent {
+                    self.update_parent(w, p, false)?;
+                }
+            }
+            RunResult::Fail(message) => self.failed(w, env, &task, message, now)?,
+            RunResult::Repeat => {
+                w.requeue(task.id, None)?;
+                // Throttled: the next start comes at least REPEAT_INTERVAL
+                // after this one (at once if the attempt took that long).
+                let started = task.started_at.unwrap_or(now);
+                let ready = started.saturating_add(REPEAT_INTERVAL.as_millis() as u64);
+                self.repeat(&task.queue, now, ready);
+            }
+            RunResult::Keep => {
+                let d = delay_ms.unwrap_or(env.config.keep_delay.as_millis() as u64);
+                w.requeue(task.id, Some(now + d))?;
+                self.sleep(&task.queue, now, d, false);
+            }
+        }
+        Ok(())
+    }
+
+    /// A failed attempt: the task waits at the head for its backoff, or,
+    /// with its attempts used up, goes to the history as a dead letter.
+    fn failed(
+        &mut self,
+        w: &mut WriteTxn<'_>,
+        env: &StepEnv<'_>,
+        task: &Task,
+        message: String,
+        now: u64,
+    ) -> Result<(), WriteError> {
+        self.tally.failed_attempts += 1;
+        let failures = task.failures + 1;
+        if env.config.backoff.exhausted(failures) {
+            w.fail(task.id, message, None)?;
+            w.to_history(task.id, Status::Failed)?;
+            self.tally.dead_letters += 1;
+            log::warn!(
+                target: LOG_TARGET,
+                "task {} {} used up its {} attempts: dead letter",
+                task.id,
+                task.name,
+                failures
+            );
+        } else {
+            let d = env.config.backoff.delay_random(failures).as_millis() as u64;
+            w.fail(task.id, message, Some(d))?;
+            self.sleep(&task.queue, now, d, true);
+        }
+        if let Some(p) = task.parent {
+            self.update_parent(w, p, true)?;
+        }
+        Ok(())
+    }
+
+    /// After a restart: children that recovery marked as interrupted count as
+    /// failed attempts on their parents, as any other child failure does.
+    pub fn note_recovered(&mut self, w: &mut WriteTxn<'_>, ids: &[u64]) -> Result<(), WriteError> {
+        for id in ids {
+            if !w.exists(*id) {
+                continue;
+            }
+            if let Some(p) = w.task(*id)?.parent {
+                self.update_parent(w, p, true)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Brings a group parent up to date with its children; finishes it when
+    /// every child has finished.
+    pub(super) fn update_parent(
+        &mut self,
+        w: &mut WriteTxn<'_>,
+        parent: u64,
+        child_failed: bool,
+    ) -> Result<(), WriteError> {
+        if !w.exists(parent) || !w.is_live(parent)? {
+            return Ok(());
+        }
+        let p = w.task(parent)?.clone();
+        let children = read_children(w, &p)?;
+        let g = groups::progress(&p, &children, child_failed);
+        w.update_group(parent, g.name, g.failures, g.message)?;
+        let Some(status) = g.finished else {
+            return Ok(());
+        };
+        w.to_history(parent, status)?;
+        if status == Status::Failed {
+            self.tally.dead_letters += 1;
+        } else {
+            self.tally.succeeded += 1;
+        }
+        log::info!(target: LOG_TARGET, "group {} {} finished", p.id, p.kind);
+        self.group_finished(&p.queue, parent);
+        Ok(())
+    }
+}
+
+/// The follow-ups of an attempt that did not fail, as tasks (a follow-up
+/// without a queue goes to the task's). They are checked before anything is
+/// applied: an invalid one fails the attempt, and then none is added.
+fn checked_follow_ups(
+    task: &Task,
+    outcome: &mut Outcome,
+    now: u64,
+    budget: &Budget,
+) -> Vec<(Task, FollowUpAt)> {
+    let mut follow = Vec::new();
+    if matches!(outcome.result, RunResult::Fail(_)) {
+        return follow;
+    }
+    for (i, f) in outcome.follow_ups.iter().enumerate() {
+        let mut spec = f.spec.clone();
+        if spec.queue.is_empty() {
+            spec.queue = task.queue.clone();
+        }
+        match spec.into_task(now, budget) {
+            Ok(t) => follow.push((t, f.at)),
+            Err(e) => {
+                outcome.result = RunResult::Fail(format!("follow-up task {i}: {}: {e}", e.field()));
+                follow.clear();
+                break;
+            }
+        }
+    }
+    follow
+}
+
+/// Where follow-up `t` of `task` goes: after the current task only in its
+/// own queue; in another queue, at the tail.
+fn follow_up_placement(task: &Task, t: &Task, at: FollowUpAt) -> Placement {
+    match at {
+        FollowUpAt::Head => Placement::First,
+        FollowUpAt::Tail => Placement::Last,
+        FollowUpAt::AfterCurrent if t.queue == task.queue => Placement::After(task.id),
+        FollowUpAt::AfterCurrent => Placement::Last,
+    }
+}
+
+/// How an attempt ended, for its log line.
+fn outcome_word(result: &RunResult) -> String {
+    match result {
+        RunResult::Success => "succeeded".to_string(),
+        RunResult::Fail(m) => format!("failed: {m}"),
+        RunResult::Repeat => "repeat".into(),
+        RunResult::Keep => "keep".into(),
+    }
+}
+
+/// A group parent's children as they stand in `w`, for [`groups::progress`]:
+/// a child that no longer exists is left out, an unreadable one is logged.
+fn read_children(w: &mut WriteTxn<'_>, parent: &Task) -> Result<Vec<Child>, WriteError> {
+    let mut children = Vec::with_capacity(parent.children.len());
+    for &child in &parent.children {
+        match w.task(child) {
+            Err(WriteError::NoSuchTask(_)) => continue,
+            Err(WriteError::Corrupt(c)) => {
+                // Never trusted as finished: the group waits, and says why.
+                log::error!(
+                    target: LOG_TARGET,
+                    "group {}: child {child} is unreadable: {c}",
+                    parent.id
+                );
+                children.push(Child::Corrupt(child));
+                continue;
+            }
+            Err(e) => return Err(e),
+            Ok(_) => {}
+        }
+        let live = w.is_live(child)?;
+        children.push(Child::read(w.task(child)?, live));
+    }
+    Ok(children)
+}

@@ -1,0 +1,270 @@
+//! The queue state machine: which heads start in a step (and where a group's
+//! children go), when a sleeping queue may start again, and what each queue
+//! is doing for `queue list`. `complete.rs` moves a queue on through the
+//! transitions at the end of this file when an attempt comes back.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::engine::attempt;
+use crate::engine::pool::Job;
+use crate::engine::scheduler::{LOG_TARGET, LiveActivity, Running, Scheduler, StepEnv};
+use crate::engine::status::QueueActivity;
+use crate::queues::parallel_queue;
+use crate::store::{Placement, WriteError, WriteTxn};
+use crate::task::Task;
+
+impl Scheduler {
+    /// Starts every ready head. Returns the jobs to hand to the pool once the
+    /// transaction is durable.
+    pub fn dispatch(
+        &mut self,
+        w: &mut WriteTxn<'_>,
+        env: &StepEnv<'_>,
+    ) -> Result<Vec<Job>, WriteError> {
+        let now = w.now();
+        let mut jobs = Vec::new();
+        // A group puts its children into the parallel queues, which were not
+        // in the list this pass started with: look again, so they start in
+        // this step rather than at the next wake-up (up to 100 ms later).
+        loop {
+            let mut grouped = false;
+            for (name, _) in w.queues() {
+                let Some(task) = self.ready_head(w, &name, now)? else {
+                    continue;
+                };
+                let q = self.queue(&name);
+                let repeating = q.activity_after == Some(QueueActivity::Repeat);
+                q.activity_after = None;
+                if !task.children.is_empty() {
+                    self.dispatch_group(w, env, &task, now)?;
+                    grouped = true;
+                    continue;
+                }
+                w.start(task.id)?;
+                let task = w.task(task.id)?.clone();
+                jobs.push(self.hand_out(env, task, now, repeating));
+            }
+            if !grouped {
+                break;
+            }
+        }
+        Ok(jobs)
+    }
+
+    /// The head of queue `name` if it may start now: the queue runs nothing,
+    /// does not sleep, and its head is readable and not waiting for a retry
+    /// (the queue then sleeps until the retry).
+    fn ready_head(
+        &mut self,
+        w: &mut WriteTxn<'_>,
+        name: &str,
+        now: u64,
+    ) -> Result<Option<Task>, WriteError> {
+        let q = self.queue(name);
+        if let Some(r) = &q.running {
+            // A group parent removed under us frees its queue.
+            if r.group && !(w.exists(r.id) && w.is_live(r.id)?) {
+                self.queue(name).running = None;
+            } else {
+                return Ok(None);
+            }
+        }
+        if self.queue(name).sleep_until > now {
+            return Ok(None);
+        }
+        let Some(head) = w.head(name) else {
+            return Ok(None);
+        };
+        let task = match w.task(head) {
+            Ok(t) => t.clone(),
+            Err(WriteError::Corrupt(c)) => {
+                log::error!(target: LOG_TARGET, "queue {name} is stuck behind a corrupt task: {c}");
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
+        if let Some(at) = task.retry_at.filter(|at| *at > now) {
+            // Waiting for a retry (for example after a restart).
+            let q = self.queue(name);
+            q.sleep_until = at;
+            if task.failures > 0 && q.activity_after.is_none() {
+                q.activity_after = Some(QueueActivity::SleepAfterFail {
+                    until_ms: at,
+                    total_ms: at - now,
+                });
+            }
+            return Ok(None);
+        }
+        Ok(Some(task))
+    }
+
+    /// A group parent at its queue's head: its waiting children go to the
+    /// shortest parallel queues, and the parent holds its queue until the
+    /// last child has finished.
+    fn dispatch_group(
+        &mut self,
+        w: &mut WriteTxn<'_>,
+        env: &StepEnv<'_>,
+        parent: &Task,
+        now: u64,
+    ) -> Result<(), WriteError> {
+        let n = env.config.parallel_queues.max(1);
+        let mut lens: Vec<usize> = (0..n).map(|i| w.queue_len(&parallel_queue(i))).collect();
+        let mut placed = 0;
+        for child in &parent.children {
+            if !w.exists(*child) || !w.is_live(*child)? || w.queue_of(*child).is_some() {
+                continue;
+            }
+            let (i, _) = lens
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, l)| **l)
+                .unwrap_or((0, &0));
+            w.place(*child, &parallel_queue(i), Placement::Last)?;
+            lens[i] += 1;
+            placed += 1;
+        }
+        if placed > 0 {
+            log::info!(
+                target: LOG_TARGET,
+                "group {} {}: {placed} children dispatched",
+                parent.id,
+                parent.name
+            );
+        }
+        self.queue(&parent.queue).running = Some(Running {
+            id: parent.id,
+            since: now,
+            picked: Arc::new(AtomicBool::new(true)),
+            group: true,
+            repeat: false,
+        });
+        // A group whose children all finished before a crash finishes now.
+        let any_live = parent.children.iter().any(|c| match w.task(*c) {
+            Err(WriteError::NoSuchTask(_)) => false,
+            // A corrupt child is not known to be finished.
+            Err(_) => true,
+            Ok(_) => w.is_live(*c).unwrap_or(true),
+        });
+        if !any_live {
+            self.update_parent(w, parent.id, false)?;
+        }
+        Ok(())
+    }
+
+    /// Marks `task`, just started in `w`, as its queue's running head, and
+    /// makes the job that runs it on a worker.
+    fn hand_out(&mut self, env: &StepEnv<'_>, task: Task, now: u64, repeat: bool) -> Job {
+        let picked = Arc::new(AtomicBool::new(false));
+        self.queue(&task.queue).running = Some(Running {
+            id: task.id,
+            since: now,
+            picked: picked.clone(),
+            group: false,
+            repeat,
+        });
+        self.in_flight += 1;
+        log::info!(
+            target: LOG_TARGET,
+            "task {} {} {} in {} started (attempt {})",
+            task.id,
+            task.kind,
+            task.name,
+            task.queue,
+            task.attempts
+        );
+        attempt::job(env, task, picked)
+    }
+
+    /// The earliest time a sleeping queue may start something.
+    pub fn next_wake(&self, now: u64) -> Option<u64> {
+        self.queues
+            .values()
+            .filter(|q| q.running.is_none() && q.sleep_until > now)
+            .map(|q| q.sleep_until)
+            .min()
+    }
+
+    /// Each known queue's activity now. A job not yet picked up by a worker
+    /// carries its flag, so a reader sees the pickup without a new snapshot.
+    pub fn activities(&self, now: u64) -> BTreeMap<String, LiveActivity> {
+        self.queues
+            .iter()
+            .map(|(name, q)| {
+                let mut picked = None;
+                let a = match &q.running {
+                    Some(r) if !r.group && !r.picked.load(Ordering::SeqCst) => {
+                        picked = Some(r.picked.clone());
+                        if r.repeat {
+                            QueueActivity::Repeat
+                        } else {
+                            QueueActivity::WaitingForWorker { since_ms: r.since }
+                        }
+                    }
+                    Some(_) => QueueActivity::Running,
+                    None => match &q.activity_after {
+                        Some(QueueActivity::SleepAfterFail { .. })
+                        | Some(QueueActivity::Sleep { .. })
+                            if q.sleep_until <= now =>
+                        {
+                            QueueActivity::Idle
+                        }
+                        Some(a) => a.clone(),
+                        None => QueueActivity::Idle,
+                    },
+                };
+                (
+                    name.clone(),
+                    LiveActivity {
+                        activity: a,
+                        picked,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    /// A job came back from the pool: its queue runs nothing and forgets
+    /// what it did after its last run.
+    pub(super) fn returned(&mut self, queue: &str) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        let q = self.queue(queue);
+        q.running = None;
+        q.activity_after = None;
+    }
+
+    /// The queue starts nothing for `ms`: after a failed attempt (its
+    /// backoff), or a handler's delay.
+    pub(super) fn sleep(&mut self, queue: &str, now: u64, ms: u64, after_fail: bool) {
+        let q = self.queue(queue);
+        q.sleep_until = now + ms;
+        q.activity_after = Some(if after_fail {
+            QueueActivity::SleepAfterFail {
+                until_ms: now + ms,
+                total_ms: ms,
+            }
+        } else {
+            QueueActivity::Sleep { total_ms: ms }
+        });
+    }
+
+    /// The head asked to repeat: the queue shows it, and starts it again no
+    /// earlier than `ready`.
+    pub(super) fn repeat(&mut self, queue: &str, now: u64, ready: u64) {
+        let q = self.queue(queue);
+        q.activity_after = Some(QueueActivity::Repeat);
+        if ready > now {
+            q.sleep_until = ready;
+        }
+    }
+
+    /// Group `parent` has finished: its queue is free again.
+    pub(super) fn group_finished(&mut self, queue: &str, parent: u64) {
+        let q = self.queue(queue);
+        if q.running.as_ref().is_some_and(|r| r.id == parent) {
+            q.running = None;
+        }
+    }
+}
