@@ -249,7 +249,7 @@ fn a_full_disk_under_a_daemon_pauses_refuses_and_resumes_without_a_restart() {
 
     // Below the reserve nothing new starts, and `main` says why; the tasks
     // that were running still record how they ended.
-    let low = fs.fill("ballast-low", 8 << 20);
+    let low = fs.fill("ballast-low", 20 << 20);
     std::fs::write(root.path().join("release"), b"").expect("release");
     common::wait_for("the holders to finish", || {
         task_status(side) == "succeeded" && task_status(head) == "succeeded"

@@ -105,5 +105,8 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("--- the daemon's log ---\n{}", self.log_text());
+        }
     }
 }
