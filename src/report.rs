@@ -16,7 +16,6 @@ use crate::queues::{MAIN, natural_cmp, parallel_queue};
 use crate::store::Store;
 use crate::task::Task;
 
-
 /// One queue as shown.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueueView {

@@ -310,6 +310,63 @@ pub fn run_command(
     stdin: &[u8],
     max_output: usize,
 ) -> Result<Finished, String> {
+    let Some(prog) = spec.argv.first() else {
+        return Err("the command is empty".into());
+    };
+    let mut child = spawn(spec, ctx)?;
+    let pid = child.id() as i32;
+    let running = Running::new(pid);
+    let deadline = Instant::now() + spec.timeout;
+    let pidfd = pidfd(pid);
+    let mut input = InPipe {
+        file: child.stdin.take().and_then(nonblocking),
+        data: stdin.to_vec(),
+        written: 0,
+    };
+    let mut out = OutPipe::new(
+        child.stdout.take().and_then(nonblocking),
+        max_output,
+        false,
+        budget::RESULT_HEAD,
+    );
+    let mut err = OutPipe::new(
+        child.stderr.take().and_then(nonblocking),
+        STDERR_KEEP,
+        true,
+        0,
+    );
+    let (exited, timed_out) = pump(
+        pid,
+        pidfd.as_ref(),
+        deadline,
+        &mut input,
+        &mut out,
+        &mut err,
+    );
+    // Close our pipe ends: nothing more is read or written.
+    drop(input);
+    out.file = None;
+    err.file = None;
+    // Whatever is left in the group (it may hold the pipes) dies now, and on
+    // a timeout the child with it. The child is not reaped yet, so the group
+    // id cannot have been reused.
+    kill_group(pid);
+    let (code, signal) = reap(child, prog, pidfd.as_ref(), exited)?;
+    drop(running);
+    Ok(Finished {
+        code,
+        signal,
+        stdout: out.data,
+        stdout_cut: out.cut,
+        stderr_tail: err.data,
+        timed_out,
+    })
+}
+
+/// Starts the handler process: argv without a shell, in `cwd`, in its own
+/// process group, with berth's environment, `env` and the `BERTH_*`
+/// variables, its three standard streams piped, and the death signal set.
+fn spawn(spec: &CommandSpec, ctx: &TaskContext) -> Result<std::process::Child, String> {
     let Some((prog, args)) = spec.argv.split_first() else {
         return Err("the command is empty".into());
     };
@@ -337,33 +394,22 @@ pub fn run_command(
             Ok(())
         });
     }
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| format!("cannot start {prog}: {e}"))?;
-    let pid = child.id() as i32;
-    let running = Running::new(pid);
-    let deadline = Instant::now() + spec.timeout;
-    let pidfd = pidfd(pid);
-    let mut input = InPipe {
-        file: child.stdin.take().and_then(nonblocking),
-        data: stdin.to_vec(),
-        written: 0,
-    };
-    let mut out = OutPipe::new(
-        child.stdout.take().and_then(nonblocking),
-        max_output,
-        false,
-        budget::RESULT_HEAD,
-    );
-    let mut err = OutPipe::new(
-        child.stderr.take().and_then(nonblocking),
-        STDERR_KEEP,
-        true,
-        0,
-    );
+    cmd.spawn().map_err(|e| format!("cannot start {prog}: {e}"))
+}
+
+/// Moves data through the pipes until the attempt ends (see
+/// [`run_command`]). Returns whether the direct child exited, and whether
+/// the timeout ended the attempt.
+fn pump(
+    pid: i32,
+    pidfd: Option<&OwnedFd>,
+    deadline: Instant,
+    input: &mut InPipe,
+    out: &mut OutPipe,
+    err: &mut OutPipe,
+) -> (bool, bool) {
     let mut buf = vec![0u8; 64 * 1024];
     let mut exited_at: Option<Instant> = None;
-    let mut timed_out = false;
     loop {
         input.write_ready();
         out.read_ready(&mut buf);
@@ -377,73 +423,60 @@ pub fn run_command(
                 // The drain never outlasts the timeout.
                 let end = (at + DRAIN).min(deadline.max(at));
                 if (out.file.is_none() && err.file.is_none()) || now >= end {
-                    break;
+                    return (true, false);
                 }
                 end
             }
-            None => {
-                if now >= deadline {
-                    timed_out = true;
-                    break;
-                }
-                deadline
-            }
+            None if now >= deadline => return (false, true),
+            None => deadline,
         };
         let mut wait = until - now;
         let mut fds = Vec::with_capacity(4);
         if let Some(f) = &input.file {
             fds.push(pollfd(f.as_raw_fd(), libc::POLLOUT));
         }
-        for p in [&out, &err] {
+        for p in [&*out, &*err] {
             if let Some(f) = &p.file {
                 fds.push(pollfd(f.as_raw_fd(), libc::POLLIN));
             }
         }
         if exited_at.is_none() {
-            match &pidfd {
+            match pidfd {
                 Some(fd) => fds.push(pollfd(fd.as_raw_fd(), libc::POLLIN)),
                 None => wait = wait.min(TICK),
             }
         }
         poll(&mut fds, wait);
     }
-    // Close our pipe ends: nothing more is read or written.
-    drop(input);
-    out.file = None;
-    err.file = None;
-    // Whatever is left in the group (it may hold the pipes) dies now, and on
-    // a timeout the child with it. The child is not reaped yet, so the group
-    // id cannot have been reused.
-    kill_group(pid);
-    let (code, signal) = if exited_at.is_some() || wait_exit(pid, pidfd.as_ref(), KILL_WAIT) {
+}
+
+/// Reaps the handler process (killed already unless it `exited`) and
+/// returns its exit code and signal. One that does not die after SIGKILL
+/// (uninterruptible sleep) is left to a reaper thread; the attempt ends now.
+fn reap(
+    mut child: std::process::Child,
+    prog: &str,
+    pidfd: Option<&OwnedFd>,
+    exited: bool,
+) -> Result<(Option<i32>, Option<i32>), String> {
+    let pid = child.id() as i32;
+    if exited || wait_exit(pid, pidfd, KILL_WAIT) {
         let status = child
             .wait()
             .map_err(|e| format!("waiting for {prog}: {e}"))?;
-        (status.code(), status.signal())
-    } else {
-        // Killed but not dying yet (uninterruptible sleep): a thread reaps it
-        // whenever it goes; the attempt ends now.
-        log::warn!("handler process {pid} ({prog}) did not die after SIGKILL; reaping it later");
-        let reaper = std::thread::Builder::new().name("berth-reaper".into());
-        if reaper
-            .spawn(move || {
-                let _ = child.wait();
-            })
-            .is_err()
-        {
-            log::error!("cannot start a reaper thread for process {pid}");
-        }
-        (None, Some(libc::SIGKILL))
-    };
-    drop(running);
-    Ok(Finished {
-        code,
-        signal,
-        stdout: out.data,
-        stdout_cut: out.cut,
-        stderr_tail: err.data,
-        timed_out,
-    })
+        return Ok((status.code(), status.signal()));
+    }
+    log::warn!("handler process {pid} ({prog}) did not die after SIGKILL; reaping it later");
+    let reaper = std::thread::Builder::new().name("berth-reaper".into());
+    if reaper
+        .spawn(move || {
+            let _ = child.wait();
+        })
+        .is_err()
+    {
+        log::error!("cannot start a reaper thread for process {pid}");
+    }
+    Ok((None, Some(libc::SIGKILL)))
 }
 
 /// The failure message: the last non-empty line of stderr, else the exit.

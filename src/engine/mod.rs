@@ -301,7 +301,6 @@ impl Engine {
 
     fn run_loop(&self, until_idle: bool) -> Result<RunSummary, WriteError> {
         let mut sched = self.sched.lock().unwrap_or_else(|p| p.into_inner());
-        let clock = self.store.clock().clone();
         let mut done = Vec::new();
         let mut grace_end: Option<Instant> = None;
         let mut stuck = 0;
@@ -316,15 +315,7 @@ impl Engine {
                 return Err(WriteError::Failed(why));
             }
             let stopping = self.stop.load(Ordering::SeqCst);
-            let low = self.store.below_reserve();
-            match (&paused, &low) {
-                (None, Some(e)) => log::warn!("starting no task until space is freed: {e}"),
-                (Some(_), None) => {
-                    log::info!("disk space is back above the reserve; starting tasks again")
-                }
-                _ => {}
-            }
-            paused = low;
+            paused = self.space_check(paused);
             if stopping && grace_end.is_none() {
                 log::info!(
                     "stopping: no new tasks start; waiting up to {:?} for {} running",
@@ -343,7 +334,7 @@ impl Engine {
             if until_idle && sched.in_flight() == 0 && queued == 0 {
                 break;
             }
-            let now = clock.now_ms();
+            let now = self.store.clock().now_ms();
             let wake = sched.next_wake(now);
             if until_idle
                 && paused.is_none()
@@ -358,29 +349,8 @@ impl Engine {
                 stuck = queued;
                 break;
             }
-            if sched.in_flight() == 0
-                && !stopping
-                && let Some(at) = wake
-                && clock.skip_to(at)
-            {
-                continue;
-            }
-            let mut timeout = wake.map_or(POLL, |at| Duration::from_millis(at - now).min(POLL));
-            if let Some(end) = grace_end {
-                let left = end.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    log::warn!(
-                        "grace period over; {} task(s) still running are left to recovery",
-                        sched.in_flight()
-                    );
-                    break;
-                }
-                timeout = timeout.min(left);
-            }
-            match self.rx.recv_timeout(timeout) {
-                Ok(m) => self.collect(m, &mut done),
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => break,
+            if !self.wait(&sched, stopping, wake, grace_end, &mut done) {
+                break;
             }
         }
         if let Err(e) = self.store.flush() {
@@ -391,5 +361,62 @@ impl Engine {
             abandoned: sched.in_flight(),
             stuck,
         })
+    }
+
+    /// Whether less than the disk reserve is free now (logged when that
+    /// changes): the loop then starts no task.
+    fn space_check(&self, was: Option<SpaceError>) -> Option<SpaceError> {
+        let now = self.store.below_reserve();
+        match (&was, &now) {
+            (None, Some(e)) => log::warn!("starting no task until space is freed: {e}"),
+            (Some(_), None) => {
+                log::info!("disk space is back above the reserve; starting tasks again")
+            }
+            _ => {}
+        }
+        now
+    }
+
+    /// Waits for something to do: a completion or a wake-up message, the
+    /// next queue's wake time, or at most [`POLL`]. With nothing running,
+    /// a fake clock skips to the wake time instead. False when the loop
+    /// must end: the grace period is over, or the channel is gone.
+    fn wait(
+        &self,
+        sched: &Scheduler,
+        stopping: bool,
+        wake: Option<u64>,
+        grace_end: Option<Instant>,
+        done: &mut Vec<scheduler::Completion>,
+    ) -> bool {
+        let clock = self.store.clock();
+        if sched.in_flight() == 0
+            && !stopping
+            && let Some(at) = wake
+            && clock.skip_to(at)
+        {
+            return true;
+        }
+        let now = clock.now_ms();
+        let mut timeout = wake.map_or(POLL, |at| {
+            Duration::from_millis(at.saturating_sub(now)).min(POLL)
+        });
+        if let Some(end) = grace_end {
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                log::warn!(
+                    "grace period over; {} task(s) still running are left to recovery",
+                    sched.in_flight()
+                );
+                return false;
+            }
+            timeout = timeout.min(left);
+        }
+        match self.rx.recv_timeout(timeout) {
+            Ok(m) => self.collect(m, done),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return false,
+        }
+        true
     }
 }

@@ -1,17 +1,11 @@
-//! The control socket: a Unix domain socket `DIR/berth.sock` (mode 0600,
-//! never TCP) through which CLI commands reach a running daemon. JSON
-//! lines: one request, one response. A malformed or oversized request gets
-//! an error response and the daemon keeps serving.
-//!
-//! No client can hold the daemon: connections are bounded ([`Limits`]),
-//! and so is the memory of unfinished requests, per connection and in
-//! total; idle connections and clients that do not read are closed after a
-//! while, accept errors back off, and a stop shuts every connection. The
-//! client side, [`call`], gives up after a timeout.
+//! The daemon's side of the control socket: [`Server`] accepts connections
+//! (at most [`Limits::max_connections`] at once, one thread each), reads
+//! request lines within the memory limits, answers each through
+//! `ops::execute`, and stops every connection at a stop.
 
 use std::collections::BTreeMap;
 use std::io::{ErrorKind, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -19,88 +13,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
-
+use super::{
+    CODE_BUSY, CODE_INPUT, MAX_REQUEST, Response, parse_request, socket_path, write_within,
+};
 use crate::engine::Engine;
-pub use crate::ops::Request;
-use crate::ops::{self, Class, Ctx, OpError};
-
-/// The socket's file name in the data dir.
-pub const SOCKET: &str = "berth.sock";
-/// How long the CLI waits for a daemon's answer unless told otherwise
-/// (`--timeout`, `BERTH_TIMEOUT`).
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
-/// The largest request line accepted (a batch of tasks near the budget).
-pub const MAX_REQUEST: u64 = 64 << 20;
-
-/// Error classes carried in responses: the exit codes (`ops::Class`).
-pub const CODE_RUNTIME: i32 = Class::Runtime.code();
-pub const CODE_INPUT: i32 = Class::Input.code();
-/// The daemon is too busy to take the request (every connection taken, or
-/// the memory for unfinished requests used up); it did nothing with it.
-pub const CODE_BUSY: i32 = Class::Busy.code();
-
-pub fn socket_path(data_dir: &Path) -> PathBuf {
-    data_dir.join(SOCKET)
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ErrorBody {
-    pub code: i32,
-    pub message: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Response {
-    #[serde(default, skip_serializing_if = "Value::is_null")]
-    pub result: Value,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<ErrorBody>,
-}
-
-impl Response {
-    fn ok(result: Value) -> Self {
-        Response {
-            result,
-            error: None,
-        }
-    }
-    fn err(code: i32, message: impl Into<String>) -> Self {
-        Response {
-            result: Value::Null,
-            error: Some(ErrorBody {
-                code,
-                message: message.into(),
-            }),
-        }
-    }
-}
-
-impl From<Result<Value, OpError>> for Response {
-    fn from(r: Result<Value, OpError>) -> Self {
-        match r {
-            Ok(v) => Response::ok(v),
-            Err(e) => Response::err(e.class.code(), e.message),
-        }
-    }
-}
-
-impl Response {
-    /// The answer as an operation's result (the client side).
-    pub fn into_result(self) -> Result<Value, OpError> {
-        match self.error {
-            Some(e) => Err(OpError::new(Class::from_code(e.code), e.message)),
-            None => Ok(self.result),
-        }
-    }
-}
-
-/// Parses one request line.
-fn parse_request(line: &[u8]) -> Result<Request, Response> {
-    serde_json::from_slice(line)
-        .map_err(|e| Response::err(CODE_INPUT, format!("malformed request: {e}")))
-}
+use crate::ops::{self, Ctx};
 
 /// The control socket's limits. [`Limits::default`] is what `berth run`
 /// uses; README.md ("The control socket") states each of them.
@@ -354,8 +271,7 @@ impl Server {
         engine: &'s Engine,
     ) {
         let mut backoff: Option<Duration> = None;
-        let mut refused = 0u64;
-        let mut last_refusal_log: Option<Instant> = None;
+        let mut refusals = Refusals::default();
         while !self.shared.stopping() {
             let stream = match listener.accept() {
                 Ok((s, _)) => {
@@ -375,61 +291,68 @@ impl Server {
                     continue;
                 }
                 Err(e) => {
-                    // Out of file descriptors (EMFILE, ENFILE) or memory:
-                    // back off instead of spinning, and when it is file
-                    // descriptors, give one back by closing an idle connection.
-                    let delay =
-                        backoff.map_or(ACCEPT_BACKOFF_FIRST, |d| (d * 2).min(ACCEPT_BACKOFF_MAX));
-                    if backoff.is_none() {
-                        log::warn!(
-                            "control socket: accepting a connection failed: {e}; \
-                             retrying after {delay:?}, backing off up to {ACCEPT_BACKOFF_MAX:?}"
-                        );
-                    }
-                    backoff = Some(delay);
-                    if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
-                        evict_longest_idle(&mut self.shared.slots());
-                    }
-                    self.shared.pause(delay);
+                    self.accept_failed(&e, &mut backoff);
                     continue;
                 }
             };
-            let _ = stream.set_nonblocking(false);
-            let message = match self.shared.admit() {
-                Ok(id) => {
-                    let shared = self.shared.clone();
-                    let spawned = std::thread::Builder::new()
-                        .name("berth-conn".into())
-                        .spawn_scoped(scope, move || {
-                            {
-                                // Dropped before the stream: the slot goes before its fd closes.
-                                let _leave = Leave(&shared, id);
-                                shared.register(id, stream.as_raw_fd());
-                                serve_connection(&shared, id, &stream, engine);
-                            }
-                            drop(stream);
-                        });
-                    match spawned {
-                        Ok(_) => continue,
-                        Err(e) => {
-                            // The connection went with the closure, unanswered.
-                            self.shared.leave(id);
-                            format!("the daemon cannot start a thread for a connection: {e}")
-                        }
-                    }
-                }
-                Err(message) => {
-                    refuse(stream, &message);
-                    message
-                }
-            };
-            refused += 1;
-            if last_refusal_log.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
-                log::warn!("control socket: refused {refused} connection(s): {message}");
-                last_refusal_log = Some(Instant::now());
-                refused = 0;
+            if let Err(message) = self.start_connection(scope, stream, engine) {
+                refusals.note(&message);
             }
         }
+    }
+
+    /// Out of file descriptors (EMFILE, ENFILE) or memory: backs off
+    /// instead of spinning, and when it is file descriptors, gives one back
+    /// by closing an idle connection.
+    fn accept_failed(&self, e: &std::io::Error, backoff: &mut Option<Duration>) {
+        let delay = backoff.map_or(ACCEPT_BACKOFF_FIRST, |d| (d * 2).min(ACCEPT_BACKOFF_MAX));
+        if backoff.is_none() {
+            log::warn!(
+                "control socket: accepting a connection failed: {e}; \
+                 retrying after {delay:?}, backing off up to {ACCEPT_BACKOFF_MAX:?}"
+            );
+        }
+        *backoff = Some(delay);
+        if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
+            evict_longest_idle(&mut self.shared.slots());
+        }
+        self.shared.pause(delay);
+    }
+
+    /// Gives an accepted connection a slot and a thread, or refuses it with
+    /// one busy line; the error is why it was refused.
+    fn start_connection<'s>(
+        &self,
+        scope: &'s std::thread::Scope<'s, '_>,
+        stream: UnixStream,
+        engine: &'s Engine,
+    ) -> Result<(), String> {
+        let _ = stream.set_nonblocking(false);
+        let id = match self.shared.admit() {
+            Ok(id) => id,
+            Err(message) => {
+                refuse(stream, &message);
+                return Err(message);
+            }
+        };
+        let shared = self.shared.clone();
+        std::thread::Builder::new()
+            .name("berth-conn".into())
+            .spawn_scoped(scope, move || {
+                {
+                    // Dropped before the stream: the slot goes before its fd closes.
+                    let _leave = Leave(&shared, id);
+                    shared.register(id, stream.as_raw_fd());
+                    serve_connection(&shared, id, &stream, engine);
+                }
+                drop(stream);
+            })
+            .map(|_| ())
+            .map_err(|e| {
+                // The connection went with the closure, unanswered.
+                self.shared.leave(id);
+                format!("the daemon cannot start a thread for a connection: {e}")
+            })
     }
 
     /// Stops accepting, lets open connections answer what they have
@@ -458,6 +381,30 @@ impl Server {
         }
         for s in slots.open.values() {
             shutdown(s.fd, libc::SHUT_RDWR);
+        }
+    }
+}
+
+/// Refused connections, logged at most every 10 s.
+#[derive(Default)]
+struct Refusals {
+    count: u64,
+    logged: Option<Instant>,
+}
+
+impl Refusals {
+    fn note(&mut self, message: &str) {
+        self.count += 1;
+        if self
+            .logged
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(10))
+        {
+            log::warn!(
+                "control socket: refused {} connection(s): {message}",
+                self.count
+            );
+            self.logged = Some(Instant::now());
+            self.count = 0;
         }
     }
 }
@@ -543,6 +490,10 @@ fn too_long(limits: &Limits) -> Response {
     )
 }
 
+/// Reads request lines from one connection and answers each, until the
+/// client closes it, it stays idle past `idle_timeout` (or a request
+/// trickles in slower), a limit is broken, a client does not read its
+/// answer within `write_timeout`, or the server stops.
 fn serve_connection(shared: &Shared, id: u64, stream: &UnixStream, engine: &Engine) {
     let limits = &shared.limits;
     // A timeout lets the thread notice a stop and its idle deadline.
@@ -587,58 +538,86 @@ fn serve_connection(shared: &Shared, id: u64, stream: &UnixStream, engine: &Engi
             shared.set_idle(id, false);
             idle = false;
         }
-        let mut chunk = &buf[..n];
-        while let Some(pos) = chunk.iter().position(|b| *b == b'\n') {
-            let head = &chunk[..pos];
-            chunk = &chunk[pos + 1..];
-            if line.bytes.len() + head.len() > limits.max_request {
-                // The rest of the line is garbage: answer and drop the connection.
-                let _ = send(stream, &too_long(limits), limits.write_timeout);
-                return;
-            }
-            let response = if line.bytes.is_empty() {
-                respond(engine, head)
-            } else {
-                // The last piece of a line (at most READ_CHUNK bytes) is not
-                // counted: the line is finished.
-                line.bytes.extend_from_slice(head);
-                let r = respond(engine, &line.bytes);
-                line.clear();
-                r
-            };
-            if let Err(e) = send(stream, &response, limits.write_timeout) {
-                if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) {
-                    log::warn!(
-                        "control socket: a client did not read its answer within {:?}; closed its connection",
-                        limits.write_timeout
-                    );
-                }
-                return;
-            }
-            deadline = Instant::now() + limits.idle_timeout;
-        }
-        if !chunk.is_empty() {
-            if line.bytes.len() + chunk.len() > limits.max_request {
-                let _ = send(stream, &too_long(limits), limits.write_timeout);
-                return;
-            }
-            if !line.try_extend(chunk) {
-                let busy = Response::err(
-                    CODE_BUSY,
-                    format!(
-                        "the daemon's memory for unfinished requests ({}) is taken; try again",
-                        crate::units::format_size(limits.request_budget as u64)
-                    ),
-                );
-                let _ = send(stream, &busy, limits.write_timeout);
-                return;
-            }
+        match take_lines(&buf[..n], &mut line, stream, engine) {
+            Taken::Close => return,
+            Taken::Answered => deadline = Instant::now() + limits.idle_timeout,
+            Taken::Partial => {}
         }
         if line.bytes.is_empty() {
             shared.set_idle(id, true);
             idle = true;
         }
     }
+}
+
+/// What [`take_lines`] did with a chunk.
+enum Taken {
+    /// It answered one or more lines.
+    Answered,
+    /// It only added to the unfinished line.
+    Partial,
+    /// The connection must close.
+    Close,
+}
+
+/// Answers every whole line in `chunk` (the first one completes `line`) and
+/// keeps what follows the last newline in `line`, within the limits.
+fn take_lines(
+    mut chunk: &[u8],
+    line: &mut Partial<'_>,
+    stream: &UnixStream,
+    engine: &Engine,
+) -> Taken {
+    let limits = &line.shared.limits;
+    let mut taken = Taken::Partial;
+    while let Some(pos) = chunk.iter().position(|b| *b == b'\n') {
+        let head = &chunk[..pos];
+        chunk = &chunk[pos + 1..];
+        if line.bytes.len() + head.len() > limits.max_request {
+            // The rest of the line is garbage: answer and drop the connection.
+            let _ = send(stream, &too_long(limits), limits.write_timeout);
+            return Taken::Close;
+        }
+        let response = if line.bytes.is_empty() {
+            respond(engine, head)
+        } else {
+            // The last piece of a line (at most READ_CHUNK bytes) is not
+            // counted: the line is finished.
+            line.bytes.extend_from_slice(head);
+            let r = respond(engine, &line.bytes);
+            line.clear();
+            r
+        };
+        if let Err(e) = send(stream, &response, limits.write_timeout) {
+            if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) {
+                log::warn!(
+                    "control socket: a client did not read its answer within {:?}; closed its connection",
+                    limits.write_timeout
+                );
+            }
+            return Taken::Close;
+        }
+        taken = Taken::Answered;
+    }
+    if chunk.is_empty() {
+        return taken;
+    }
+    if line.bytes.len() + chunk.len() > limits.max_request {
+        let _ = send(stream, &too_long(limits), limits.write_timeout);
+        return Taken::Close;
+    }
+    if !line.try_extend(chunk) {
+        let busy = Response::err(
+            CODE_BUSY,
+            format!(
+                "the daemon's memory for unfinished requests ({}) is taken; try again",
+                crate::units::format_size(limits.request_budget as u64)
+            ),
+        );
+        let _ = send(stream, &busy, limits.write_timeout);
+        return Taken::Close;
+    }
+    taken
 }
 
 fn respond(engine: &Engine, line: &[u8]) -> Response {
@@ -655,258 +634,8 @@ fn send(stream: &UnixStream, response: &Response, timeout: Duration) -> std::io:
     write_within(stream, &out, Instant::now() + timeout)
 }
 
-/// Writes all of `data` before `deadline`, or fails with `TimedOut`.
-fn write_within(
-    mut stream: &UnixStream,
-    mut data: &[u8],
-    deadline: Instant,
-) -> std::io::Result<()> {
-    while !data.is_empty() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(ErrorKind::TimedOut.into());
-        }
-        stream.set_write_timeout(Some(left))?;
-        match stream.write(data) {
-            Ok(0) => return Err(ErrorKind::WriteZero.into()),
-            Ok(n) => data = &data[n..],
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
-/// Why [`call`] got no answer.
-#[derive(Debug, thiserror::Error)]
-pub enum CallError {
-    /// No daemon listens on the data dir's socket (there is none, or
-    /// nothing accepts on it): the caller may open the data dir itself.
-    #[error("no daemon listens on the data dir")]
-    NoDaemon,
-    /// The daemon did not answer within the time the caller gave it.
-    #[error(
-        "the daemon on {} did not answer within {} (set the limit with --timeout or BERTH_TIMEOUT)",
-        socket.display(),
-        crate::units::format_duration(*after)
-    )]
-    TimedOut { socket: PathBuf, after: Duration },
-    /// Anything else; the message says what.
-    #[error("{0}")]
-    Failed(String),
-}
-
-/// How one attempt of [`call`] ended.
-enum Attempt {
-    Answered(Response),
-    /// The daemon closed the connection before it had the whole request,
-    /// so it did nothing with it: try again.
-    NotSent,
-    Failed(CallError),
-}
-
-/// Sends one request to the daemon at `data_dir` and reads its answer,
-/// giving up after `timeout` (connecting, sending, waiting and reading, all
-/// told). A busy daemon (every connection taken, or the request memory
-/// budget full) did nothing with the request, so it is asked again, with a
-/// growing pause, until the time is up; then its busy error is returned.
-pub fn call(data_dir: &Path, req: &Request, timeout: Duration) -> Result<Response, CallError> {
-    let socket = socket_path(data_dir);
-    let deadline = Instant::now() + timeout;
-    let mut line = serde_json::to_vec(req).map_err(|e| CallError::Failed(e.to_string()))?;
-    line.push(b'\n');
-    let timed_out = || CallError::TimedOut {
-        socket: socket.clone(),
-        after: timeout,
-    };
-    let mut pause = Duration::from_millis(20);
-    let mut busy: Option<Response> = None;
-    loop {
-        match call_once(&socket, &line, deadline) {
-            Attempt::Answered(r) if r.error.as_ref().is_some_and(|e| e.code == CODE_BUSY) => {
-                busy = Some(r);
-            }
-            Attempt::Answered(r) => return Ok(r),
-            Attempt::NotSent => {}
-            // Out of time: the daemon's last word, if it said it was busy.
-            Attempt::Failed(CallError::TimedOut { .. }) => return busy.ok_or_else(timed_out),
-            Attempt::Failed(e) => return Err(e),
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return busy.ok_or_else(timed_out);
-        }
-        std::thread::sleep(pause.min(left));
-        pause = (pause * 2).min(Duration::from_millis(500));
-    }
-}
-
-fn call_once(socket: &Path, line: &[u8], deadline: Instant) -> Attempt {
-    let left = deadline.saturating_duration_since(Instant::now());
-    let timed_out = || {
-        Attempt::Failed(CallError::TimedOut {
-            socket: socket.to_path_buf(),
-            after: left,
-        })
-    };
-    let stream = match connect_within(socket, left) {
-        Ok(s) => s,
-        Err(e) => {
-            return match e.raw_os_error() {
-                Some(libc::ENOENT | libc::ECONNREFUSED) => Attempt::Failed(CallError::NoDaemon),
-                Some(libc::EAGAIN) => timed_out(),
-                _ if e.kind() == ErrorKind::TimedOut => timed_out(),
-                _ => Attempt::Failed(CallError::Failed(format!(
-                    "connecting to {}: {e}",
-                    socket.display()
-                ))),
-            };
-        }
-    };
-    let sent = write_within(&stream, line, deadline);
-    // Read even when sending failed: a refused connection carries a busy
-    // error line before it closes.
-    let answer = read_line_within(&stream, deadline);
-    match (sent, answer) {
-        (_, Ok(Some(a))) => match serde_json::from_slice(&a) {
-            Ok(r) => Attempt::Answered(r),
-            Err(e) => Attempt::Failed(CallError::Failed(format!(
-                "the daemon's answer is malformed: {e}"
-            ))),
-        },
-        (Err(e), _) if matches!(e.kind(), ErrorKind::BrokenPipe | ErrorKind::ConnectionReset) => {
-            Attempt::NotSent
-        }
-        (Err(e), _) | (Ok(()), Err(e))
-            if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) =>
-        {
-            timed_out()
-        }
-        (Err(e), _) => Attempt::Failed(CallError::Failed(format!("sending to the daemon: {e}"))),
-        (Ok(()), Err(e)) => Attempt::Failed(CallError::Failed(format!(
-            "reading the daemon's answer: {e}"
-        ))),
-        (Ok(()), Ok(None)) => Attempt::Failed(CallError::Failed(
-            "the daemon closed the connection without answering (is it stopping?)".into(),
-        )),
-    }
-}
-
-/// Reads one line (without its newline) before `deadline`; None at EOF
-/// before any newline.
-fn read_line_within(
-    mut stream: &UnixStream,
-    deadline: Instant,
-) -> std::io::Result<Option<Vec<u8>>> {
-    let mut answer = Vec::new();
-    let mut buf = [0u8; 8192];
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(ErrorKind::TimedOut.into());
-        }
-        stream.set_read_timeout(Some(left))?;
-        let n = match stream.read(&mut buf) {
-            Ok(0) => return Ok(None),
-            Ok(n) => n,
-            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        if let Some(pos) = buf[..n].iter().position(|b| *b == b'\n') {
-            answer.extend_from_slice(&buf[..pos]);
-            return Ok(Some(answer));
-        }
-        answer.extend_from_slice(&buf[..n]);
-        if answer.len() > 2 * MAX_REQUEST as usize {
-            return Err(std::io::Error::other("the daemon's answer is too long"));
-        }
-    }
-}
-
-/// Connects to a Unix socket, waiting at most `timeout` when its backlog
-/// is full (SO_SNDTIMEO bounds a Unix socket's connect; it then fails
-/// with EAGAIN).
-fn connect_within(path: &Path, timeout: Duration) -> std::io::Result<UnixStream> {
-    use std::os::unix::ffi::OsStrExt;
-    let bytes = path.as_os_str().as_bytes();
-    // SAFETY: sockaddr_un is plain old data; all zeroes is a valid value.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    if bytes.len() >= addr.sun_path.len() {
-        return Err(std::io::Error::new(
-            ErrorKind::InvalidInput,
-            "the socket path is too long",
-        ));
-    }
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    for (dst, src) in addr.sun_path.iter_mut().zip(bytes) {
-        *dst = *src as libc::c_char;
-    }
-    // SAFETY: socket(2) with constant arguments; the fd is owned at once.
-    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: fd is a fresh socket that nothing else owns.
-    let stream = unsafe { UnixStream::from_raw_fd(fd) };
-    stream.set_write_timeout(Some(timeout.max(Duration::from_millis(1))))?;
-    let len = std::mem::offset_of!(libc::sockaddr_un, sun_path) + bytes.len() + 1;
-    loop {
-        // SAFETY: addr is a valid sockaddr_un of at least `len` bytes.
-        let r = unsafe {
-            libc::connect(
-                fd,
-                (&raw const addr).cast::<libc::sockaddr>(),
-                len as libc::socklen_t,
-            )
-        };
-        if r == 0 {
-            return Ok(stream);
-        }
-        let e = std::io::Error::last_os_error();
-        if e.kind() != ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
-
-    #[test]
-    fn every_request_refuses_unknown_fields() {
-        let spec = r#"{"queue":"main","kind":"K","name":"n"}"#;
-        let good = [
-            r#"{"op":"queue_list"}"#.to_string(),
-            format!(r#"{{"op":"enqueue","spec":{spec}}}"#),
-            format!(r#"{{"op":"enqueue_batch","tasks":[{spec}]}}"#),
-            r#"{"op":"task_show","id":1}"#.to_string(),
-            r#"{"op":"task_remove","id":1}"#.to_string(),
-            r#"{"op":"task_retry","id":1}"#.to_string(),
-        ];
-        for line in &good {
-            assert!(parse_request(line.as_bytes()).is_ok(), "{line}");
-            let bad = format!(r#"{},"bogus":1}}"#, &line[..line.len() - 1]);
-            match parse_request(bad.as_bytes()) {
-                Ok(r) => panic!("{bad} was accepted as {r:?}"),
-                Err(resp) => {
-                    let e = resp.error.expect("an error response");
-                    assert_eq!(e.code, CODE_INPUT, "{bad}");
-                    assert!(e.message.contains("unknown field `bogus`"), "{bad}: {e:?}");
-                }
-            }
-        }
-        assert_eq!(
-            serde_json::to_string(&Request::QueueList {})
-                .ok()
-                .as_deref(),
-            Some(r#"{"op":"queue_list"}"#)
-        );
-    }
-}
-
-#[cfg(test)]
-mod server_tests {
     //! The server's limits, with small values, on real sockets.
 
     use std::io::{BufRead, BufReader};
@@ -914,6 +643,8 @@ mod server_tests {
 
     use super::*;
     use crate::engine::{EngineConfig, Handlers};
+    use crate::control::client::connect_within;
+    use crate::control::{CallError, Request, call};
     use crate::store::{Options, Store};
 
     /// Stops the server when the test ends, even by a panic, so that the
