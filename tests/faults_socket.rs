@@ -244,12 +244,20 @@ fn a_second_sighup_exits_at_once() {
         started.elapsed() < Duration::from_secs(10),
         "not after the 60 s grace period"
     );
-    // The task was left running; the next open recovers it.
-    let t = show(&d.dir, id);
+    // The task was left running: reading shows it so, and the next open
+    // to write recovers it.
+    assert_eq!(show(&d.dir, id)["status"], "running");
+    let store = berth::store::Store::open(
+        &d.dir,
+        berth::store::Options::default(),
+        berth::clock::system(),
+    )
+    .expect("open");
+    let t = store.task(id).expect("read").expect("the task");
     assert_eq!(
-        (t["status"].as_str(), t["failures"].as_u64()),
-        (Some("queued"), Some(1)),
-        "{t}"
+        (t.status, t.failures),
+        (berth::task::Status::Queued, 1),
+        "{t:?}"
     );
 }
 

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use berth::ops::{OpError, Request};
 use berth::report;
-use berth::store::{OpenError, Options, Store};
+use berth::store::{Options, Store};
 use berth::submit;
 use berth::task::TaskSpec;
 use serde_json::Value;
@@ -61,8 +61,8 @@ fn enqueue(dir: &Path, a: EnqueueArgs) -> Result<(), CliError> {
         let text = read_file(&batch, "batch file")?;
         let tasks =
             submit::parse_batch(&text).map_err(|e| CliError::input(format!("{source}{e}")))?;
-        let ids = session::run(dir, Request::EnqueueBatch { tasks }, true)
-            .map_err(|e| e.context(&source))?;
+        let ids =
+            session::run(dir, Request::EnqueueBatch { tasks }).map_err(|e| e.context(&source))?;
         return print_ids(&ids_of(&ids));
     }
     let payload = match (&a.payload, &a.payload_file) {
@@ -99,11 +99,11 @@ fn enqueue(dir: &Path, a: EnqueueArgs) -> Result<(), CliError> {
         after: a.after,
         before: a.before,
     };
-    print_ids(&ids_of(&session::run(dir, req, true)?))
+    print_ids(&ids_of(&session::run(dir, req)?))
 }
 
 fn queue_list(dir: &Path, output: Format, show_empty: bool, prefix: &str) -> Result<(), CliError> {
-    let v = session::run(dir, Request::QueueList {}, false)?;
+    let v = session::run(dir, Request::QueueList {})?;
     let queues = report::views_from_json(&v).map_err(CliError::runtime)?;
     let text = match output {
         Format::Text => report::render_text(&queues, show_empty),
@@ -113,7 +113,7 @@ fn queue_list(dir: &Path, output: Format, show_empty: bool, prefix: &str) -> Res
 }
 
 fn task_show(dir: &Path, id: u64, output: Format) -> Result<(), CliError> {
-    let j = report::task_from_wire(session::run(dir, Request::TaskShow { id }, false)?);
+    let j = report::task_from_wire(session::run(dir, Request::TaskShow { id })?);
     match output {
         Format::Text => out(&report::task_text(&j)),
         Format::Json => out(&format!(
@@ -124,13 +124,13 @@ fn task_show(dir: &Path, id: u64, output: Format) -> Result<(), CliError> {
 }
 
 fn task_remove(dir: &Path, id: u64) -> Result<(), CliError> {
-    let removed = ids_of(&session::run(dir, Request::TaskRemove { id }, false)?);
+    let removed = ids_of(&session::run(dir, Request::TaskRemove { id })?);
     let list: Vec<String> = removed.iter().map(u64::to_string).collect();
     out(&format!("removed {}\n", list.join(" ")))
 }
 
 fn task_retry(dir: &Path, id: u64) -> Result<(), CliError> {
-    session::run(dir, Request::TaskRetry { id }, false)?;
+    session::run(dir, Request::TaskRetry { id })?;
     out(&format!("retried {id}\n"))
 }
 
@@ -139,13 +139,10 @@ fn task_retry(dir: &Path, id: u64) -> Result<(), CliError> {
 fn verify(dir: &Path) -> Result<(), CliError> {
     let opts = Options {
         create: false,
+        read_only: true,
         ..Options::default()
     };
-    let store = match Store::open(dir, opts, berth::clock::system()) {
-        Ok(s) => s,
-        Err(OpenError::Missing { .. }) => return out("no data dir; nothing to verify\n"),
-        Err(e) => return Err(OpError::from(e).into()),
-    };
+    let store = Store::open(dir, opts, berth::clock::system()).map_err(OpError::from)?;
     let diffs = berth::store::verify::verify(&store)
         .map_err(|e| CliError::runtime(format!("replaying the log: {e}")))?;
     let corrupt = store.corrupt_records();

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use berth::clock;
 use berth::control::{self, CallError};
-use berth::ops::{self, Ctx, OpError, Request};
+use berth::ops::{self, Access, Ctx, OpError, Request};
 use berth::store::{OpenError, Options, Role, Store};
 use serde_json::Value;
 
@@ -39,23 +39,25 @@ fn ask_daemon(dir: &Path, req: &Request) -> Option<Result<Value, OpError>> {
 }
 
 /// Runs `req`: through the daemon when one answers, else on the data dir
-/// opened here (created if `create`; a missing one reads as empty). A
-/// daemon that holds the data dir but does not answer yet, or that waits
-/// for the lock (right after a restart), is starting: the command waits for
-/// its socket, up to `--timeout`, instead of failing.
-pub fn run(dir: &Path, req: Request, create: bool) -> Result<Value, OpError> {
+/// opened here as the request needs ([`Access`]: to read, it must be a
+/// berth data dir and nothing in it changes). A daemon that holds the data
+/// dir but does not answer yet, or that waits for the lock (right after a
+/// restart), is starting: the command waits for its socket, up to
+/// `--timeout`, instead of failing.
+pub fn run(dir: &Path, req: Request) -> Result<Value, OpError> {
     let start = Instant::now();
     loop {
         if let Some(answer) = ask_daemon(dir, &req) {
             return answer;
         }
+        let access = req.access();
         let opts = Options {
-            create,
+            create: access == Access::Create,
+            read_only: access == Access::Read,
             ..Options::default()
         };
         match Store::open(dir, opts, clock::system()) {
             Ok(store) => return ops::execute(&Ctx::direct(Some(&store)), req),
-            Err(OpenError::Missing { .. }) => return ops::execute(&Ctx::direct(None), req),
             Err(OpenError::InUse { holder, .. })
                 if holder.role == Some(Role::Daemon) && start.elapsed() < timeout() =>
             {

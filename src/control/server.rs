@@ -185,10 +185,12 @@ impl Shared {
 /// answers what it has already received and leaves, and its client's next
 /// write fails. False if no connection is idle.
 fn evict_longest_idle(slots: &mut Slots) -> bool {
+    // A connection with bytes waiting is not idle: its thread is about to
+    // read a request (or the client's close).
     let victim = slots
         .open
         .values_mut()
-        .filter(|s| !s.evicted && s.fd >= 0)
+        .filter(|s| !s.evicted && s.fd >= 0 && !readable(s.fd))
         .filter_map(|s| s.idle_since.map(|t| (t, s)))
         .min_by_key(|(t, _)| *t);
     match victim {
@@ -199,6 +201,18 @@ fn evict_longest_idle(slots: &mut Slots) -> bool {
         }
         None => false,
     }
+}
+
+/// Whether a connection's socket has something to read now (see
+/// [`Slot::fd`]; called under the slots lock).
+fn readable(fd: RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: poll(2) on one valid pollfd, without waiting.
+    unsafe { libc::poll(&mut p, 1, 0) > 0 }
 }
 
 /// Shuts one or both directions of a connection's socket (see [`Slot::fd`]).
@@ -642,9 +656,9 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::engine::{EngineConfig, Handlers};
     use crate::control::client::connect_within;
     use crate::control::{CallError, Request, call};
+    use crate::engine::{EngineConfig, Handlers};
     use crate::store::{Options, Store};
 
     /// Stops the server when the test ends, even by a panic, so that the

@@ -192,6 +192,27 @@ pub enum Request {
     },
 }
 
+/// What a request does to the data dir, for a command that opens it itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Only reads: the data dir must exist; nothing in it changes.
+    Read,
+    /// Changes an existing data dir.
+    Write,
+    /// Adds to the data dir, creating it if it does not exist.
+    Create,
+}
+
+impl Request {
+    pub fn access(&self) -> Access {
+        match self {
+            Request::Enqueue { .. } | Request::EnqueueBatch { .. } => Access::Create,
+            Request::TaskRemove { .. } | Request::TaskRetry { .. } => Access::Write,
+            Request::QueueList {} | Request::TaskShow { .. } => Access::Read,
+        }
+    }
+}
+
 /// Placement from the enqueue flags.
 pub fn placement(first: bool, after: Option<u64>, before: Option<u64>) -> Placement {
     match (first, after, before) {

@@ -41,6 +41,10 @@ pub struct Options {
     /// own `sync_file_range`, which survives a process crash or `kill -9`
     /// but not a power cut; it exists to measure what power safety costs.
     pub power_safe: bool,
+    /// Open only to read: the data dir must be a berth data dir, nothing in
+    /// it is created or changed (sled opens a private copy of `db/`), tasks
+    /// found running are not recovered, and every commit is refused.
+    pub read_only: bool,
     /// Disk space kept free on the data dir's filesystem: new work is
     /// refused while less than this plus what it needs is free, and the
     /// engine starts no task while less than this is free (see `health`).
@@ -58,6 +62,7 @@ impl Default for Options {
             create: true,
             cache_bytes: 64 << 20,
             power_safe: true,
+            read_only: false,
             disk_reserve: health::DEFAULT_RESERVE,
         }
     }
@@ -88,7 +93,13 @@ pub struct Store {
     /// Set for good by the first failed sled write or flush.
     pub(super) failed: Arc<Failed>,
     pub(super) flusher: Option<(mpsc::Sender<()>, JoinHandle<()>)>,
-    pub(super) _lock: DirLock,
+    /// Opened to read: commits are refused, nothing in the data dir changes.
+    pub(super) read_only: bool,
+    /// `None` for a read-only open of a copy without a lock file.
+    pub(super) _lock: Option<DirLock>,
+    /// To read, sled works on this private copy of `db/`; it goes last, so
+    /// that it is removed after sled closed it.
+    pub(super) read_copy: Option<tempfile::TempDir>,
 }
 
 impl std::fmt::Debug for Store {
@@ -160,6 +171,11 @@ impl Store {
     }
 
     /// A transaction has begun (so a flush leader may wait for it).
+    /// Whether the store was opened only to read.
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+
     pub(crate) fn txn_begun(&self) {
         self.commit.begin();
     }
@@ -459,7 +475,8 @@ impl Drop for Store {
         }
         // A failed store never waits on sled again (see `health`); the
         // records it acknowledged are in sled's log and reopening applies them.
-        if self.failed.is_failed() {
+        // A read-only one has nothing to keep.
+        if self.failed.is_failed() || self.read_only {
             return;
         }
         // Everything, including what the applier wrote after the last

@@ -39,6 +39,11 @@ pub enum OpenError {
     InUse { dir: PathBuf, holder: Holder },
     #[error("data dir {} does not exist", dir.display())]
     Missing { dir: PathBuf },
+    #[error(
+        "{} is not a berth data dir (it has no berth.dir and no db/); nothing was read or changed",
+        dir.display()
+    )]
+    NotADataDir { dir: PathBuf },
     #[error("cannot use data dir {}: {source}", dir.display())]
     Io {
         dir: PathBuf,
@@ -122,6 +127,8 @@ pub enum WriteError {
     Failed(String),
     #[error(transparent)]
     NoSpace(#[from] crate::store::health::SpaceError),
+    #[error("the data dir was opened only to read")]
+    ReadOnly,
 }
 
 impl From<ReadError> for WriteError {

@@ -86,12 +86,13 @@ pub(crate) enum Damage {
     Lost(String),
 }
 
-/// Checks a data dir before sled opens it, and removes what an interrupted
-/// snapshot left behind. Returns the leftovers it removed.
-pub(crate) fn check_before_open(dir: &Path) -> Result<Vec<PathBuf>, Damage> {
-    let db = dir.join(DB);
+/// Removes what an interrupted sled snapshot left in `db` (a
+/// `snap.*.generating` file, which sled would read as a corrupt snapshot for
+/// ever); returns what it removed. Nothing else writes those names while
+/// the data dir's lock is held.
+pub(crate) fn remove_leftovers(db: &Path) -> Vec<PathBuf> {
     let mut removed = Vec::new();
-    if let Ok(entries) = fs::read_dir(&db) {
+    if let Ok(entries) = fs::read_dir(db) {
         for e in entries.flatten() {
             let name = e.file_name();
             let name = name.to_string_lossy();
@@ -103,9 +104,16 @@ pub(crate) fn check_before_open(dir: &Path) -> Result<Vec<PathBuf>, Damage> {
             }
         }
     }
+    removed
+}
+
+/// Checks, before sled opens it, that a data dir whose marker says it held
+/// a store still has its database.
+pub(crate) fn check_not_lost(dir: &Path) -> Result<(), Damage> {
     if !dir.join(MARKER).exists() {
-        return Ok(removed);
+        return Ok(());
     }
+    let db = dir.join(DB);
     let size = |name: &str| fs::metadata(db.join(name)).ok().map(|m| m.len());
     let lost = match (db.exists(), size("conf"), size("db")) {
         (false, _, _) => Some(format!("its database folder {} is missing", db.display())),
@@ -121,7 +129,7 @@ pub(crate) fn check_before_open(dir: &Path) -> Result<Vec<PathBuf>, Damage> {
     };
     match lost {
         Some(what) => Err(Damage::Lost(what)),
-        None => Ok(removed),
+        None => Ok(()),
     }
 }
 
@@ -137,6 +145,51 @@ pub(crate) fn write_marker(dir: &Path) -> io::Result<()> {
 
 pub(crate) fn has_marker(dir: &Path) -> bool {
     dir.join(MARKER).exists()
+}
+
+/// Whether `dir` looks like a berth data dir: it has the marker, or (made
+/// by a berth from before the marker) a sled database.
+pub(crate) fn is_data_dir(dir: &Path) -> bool {
+    has_marker(dir) || dir.join(DB).join("conf").exists()
+}
+
+/// Whether `dir` holds nothing but names berth gives its own files (an
+/// empty folder, or one where a first open stopped early, or whose `db` is
+/// a link made on purpose): such a folder may become a data dir.
+pub(crate) fn holds_only_berth_names(dir: &Path) -> bool {
+    const OWN: [&str; 5] = [DB, MARKER, "berth.lock", "berth.sock", "berth.starting"];
+    if !dir.exists() {
+        return true;
+    }
+    fs::read_dir(dir).is_ok_and(|entries| {
+        entries
+            .flatten()
+            .all(|e| OWN.iter().any(|n| e.file_name() == *n))
+    })
+}
+
+/// Copies sled's files (`DIR/db`, with its blob files) into a new private
+/// temporary folder, for reading a data dir that cannot be written (sled
+/// writes when it opens). The copy goes when the returned folder is dropped.
+pub(crate) fn copy_for_reading(dir: &Path) -> io::Result<tempfile::TempDir> {
+    let tmp = tempfile::Builder::new().prefix("berth-read-").tempdir()?;
+    let from = dir.join(DB);
+    let to = tmp.path().join(DB);
+    let mut stack = vec![(from, to)];
+    while let Some((from, to)) = stack.pop() {
+        DirBuilder::new().mode(DIR_MODE).create(&to)?;
+        for e in fs::read_dir(&from)? {
+            let e = e?;
+            let (src, dst) = (e.path(), to.join(e.file_name()));
+            if e.file_type()?.is_dir() {
+                stack.push((src, dst));
+            } else {
+                fs::copy(&src, &dst)?;
+                fs::set_permissions(&dst, Permissions::from_mode(FILE_MODE))?;
+            }
+        }
+    }
+    Ok(tmp)
 }
 
 /// sled's files, for making them durable after each flush.
@@ -170,6 +223,17 @@ impl DbFiles {
         files.sync()?;
         fsync_dir(dir)?;
         Ok(DbFiles { enabled, ..files })
+    }
+
+    /// sled's files of a data dir opened read-only: nothing is synced or
+    /// changed.
+    pub fn read_only(db: &Path) -> io::Result<DbFiles> {
+        Ok(DbFiles {
+            db: db.to_path_buf(),
+            log: File::open(db.join("db"))?,
+            enabled: false,
+            synced: Mutex::new((BTreeSet::new(), BTreeSet::new())),
+        })
     }
 
     /// Makes everything sled has written so far durable. Call it after
@@ -265,19 +329,20 @@ mod tests {
         fs::write(db.join("conf"), b"0123456789abcdef").unwrap();
         fs::write(db.join("db"), b"x").unwrap();
         // No marker: a dir of an older berth, or a new one.
-        let removed = check_before_open(dir.path()).unwrap();
+        assert!(check_not_lost(dir.path()).is_ok());
+        let removed = remove_leftovers(&db);
         assert_eq!(removed, vec![db.join("snap.0000000000000ABC.generating")]);
         assert!(db.join("snap.0000000000000ABB").exists());
 
         write_marker(dir.path()).unwrap();
-        assert!(check_before_open(dir.path()).is_ok());
+        assert!(check_not_lost(dir.path()).is_ok());
         fs::write(db.join("db"), b"").unwrap();
-        let Err(Damage::Lost(what)) = check_before_open(dir.path()) else {
+        let Err(Damage::Lost(what)) = check_not_lost(dir.path()) else {
             panic!("an empty db/db was accepted");
         };
         assert!(what.ends_with("db/db is empty (0 bytes)"), "{what}");
         fs::remove_dir_all(&db).unwrap();
-        let Err(Damage::Lost(what)) = check_before_open(dir.path()) else {
+        let Err(Damage::Lost(what)) = check_not_lost(dir.path()) else {
             panic!("a missing db/ was accepted");
         };
         assert!(what.contains("is missing"), "{what}");

@@ -81,6 +81,24 @@ impl DirLock {
         Ok(DirLock { _file: file, path })
     }
 
+    /// Takes the lock on `dir` to read it, without writing anything: the
+    /// lock file is opened read-only (a data dir on a read-only filesystem
+    /// can be read) and keeps the holder line it had. `Ok(None)` when the
+    /// data dir has no lock file (a copy): there is nothing to lock.
+    pub fn try_acquire_reader(dir: &Path) -> Result<Option<DirLock>, LockError> {
+        let path = dir.join("berth.lock");
+        let mut file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(LockError::Io(e)),
+        };
+        match file.try_lock() {
+            Ok(()) => Ok(Some(DirLock { _file: file, path })),
+            Err(std::fs::TryLockError::WouldBlock) => Err(LockError::Held(read_holder(&mut file))),
+            Err(std::fs::TryLockError::Error(e)) => Err(LockError::Io(e)),
+        }
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -39,12 +39,26 @@ use crate::task::{Status, Task};
 /// How often a daemon waiting for commands says so in the log.
 const WAIT_LOG_EVERY: Duration = Duration::from_secs(10);
 
-/// Step 1: the data dir exists with mode 0700 (created if asked).
+/// Step 1: the data dir exists with mode 0700 (created if asked, or taken
+/// if it is an empty folder). To read or to change it, it must exist and be
+/// a berth data dir; to read, nothing in it is changed.
 fn prepare_dir(dir: &Path, opts: &Options) -> Result<(), OpenError> {
-    if !dir.exists() && !opts.create {
+    if !dir.exists() && (opts.read_only || !opts.create) {
         return Err(OpenError::Missing {
             dir: dir.to_path_buf(),
         });
+    }
+    // Only a new folder, or one holding nothing but berth's own names,
+    // becomes a data dir: a mistyped path to some other folder is refused
+    // before anything is written into it.
+    let fresh = files::holds_only_berth_names(dir);
+    if !files::is_data_dir(dir) && (opts.read_only || !opts.create || !fresh) {
+        return Err(OpenError::NotADataDir {
+            dir: dir.to_path_buf(),
+        });
+    }
+    if opts.read_only {
+        return Ok(());
     }
     files::private_dir(dir).map_err(|source| OpenError::Io {
         dir: dir.to_path_buf(),
@@ -57,7 +71,7 @@ fn prepare_dir(dir: &Path, opts: &Options) -> Result<(), OpenError> {
 /// daemon or a daemon that waits to start. A daemon waits as long as
 /// commands hold it, and announces itself (`berth.starting`) so that new
 /// commands step aside and wait for its socket instead.
-fn lock_dir(dir: &Path, opts: &Options) -> Result<DirLock, OpenError> {
+fn lock_dir(dir: &Path, opts: &Options) -> Result<Option<DirLock>, OpenError> {
     let started = Instant::now();
     let mut announced = None;
     let mut logged = started;
@@ -74,7 +88,12 @@ fn lock_dir(dir: &Path, opts: &Options) -> Result<DirLock, OpenError> {
                 pid: Some(pid),
             }));
         }
-        match DirLock::try_acquire(dir, opts.role) {
+        let acquired = if opts.read_only {
+            DirLock::try_acquire_reader(dir)
+        } else {
+            DirLock::try_acquire(dir, opts.role).map(Some)
+        };
+        match acquired {
             Ok(l) => {
                 if announced.is_some() {
                     DirLock::withdraw_start(dir);
@@ -128,30 +147,26 @@ fn lock_dir(dir: &Path, opts: &Options) -> Result<DirLock, OpenError> {
     }
 }
 
-/// Step 3: opens sled in `DIR/db` after checking what it would read:
-/// leftovers of an interrupted snapshot are removed, a database that the
-/// marker says existed but is now missing or empty is refused, and a damaged
-/// one (sled returns corruption, or panics) is an error that says what to
-/// do, never a panic.
-fn open_sled(dir: &Path, opts: &Options) -> Result<sled::Db, OpenError> {
-    match files::check_before_open(dir) {
-        Ok(removed) => {
-            for path in removed {
-                log::warn!(
-                    "removed {}, left by a sled snapshot that was interrupted",
-                    path.display()
-                );
-            }
-        }
-        Err(files::Damage::Lost(what)) => {
-            return Err(OpenError::Lost {
-                dir: dir.to_path_buf(),
-                what,
-            });
-        }
+/// Step 3: opens sled on `db` (the data dir's `db/`, or a copy of it) after
+/// checking what it would read: leftovers of an interrupted snapshot are
+/// removed, a database that the marker says existed but is now missing or
+/// empty is refused, and a damaged one (sled returns corruption, or panics)
+/// is an error that says what to do, never a panic. Errors name `dir`.
+fn open_sled(dir: &Path, db: &Path, opts: &Options) -> Result<sled::Db, OpenError> {
+    if let Err(files::Damage::Lost(what)) = files::check_not_lost(dir) {
+        return Err(OpenError::Lost {
+            dir: dir.to_path_buf(),
+            what,
+        });
+    }
+    for path in files::remove_leftovers(db) {
+        log::warn!(
+            "removed {}, left by a sled snapshot that was interrupted",
+            path.display()
+        );
     }
     let config = sled::Config::new()
-        .path(dir.join(files::DB))
+        .path(db)
         .cache_capacity(opts.cache_bytes)
         .flush_every_ms(None)
         .mode(sled::Mode::HighThroughput);
@@ -230,12 +245,17 @@ impl Opening<'_> {
 /// Step 4: the store format. An empty tree becomes a new store: format,
 /// applied mark, a flush, and the marker file (unless the marker says a
 /// store was here: then its data was lost).
-fn check_format(o: &Opening<'_>, files: &DbFiles) -> Result<u64, OpenError> {
+fn check_format(o: &Opening<'_>, files: &DbFiles, read_only: bool) -> Result<u64, OpenError> {
     let tree = o.tree;
     let format = match tree.get(keys::META_FORMAT).map_err(|e| o.db(e))? {
         None => {
             if tree.iter().next().is_some() {
                 return Err(o.format_error("missing".into()));
+            }
+            if read_only && !files::has_marker(o.dir) {
+                return Err(OpenError::NotADataDir {
+                    dir: o.dir.to_path_buf(),
+                });
             }
             if files::has_marker(o.dir) {
                 return Err(OpenError::Lost {
@@ -256,7 +276,7 @@ fn check_format(o: &Opening<'_>, files: &DbFiles) -> Result<u64, OpenError> {
             Err(e) => return Err(o.format_error(format!("unreadable ({e})"))),
         },
     };
-    if !files::has_marker(o.dir) {
+    if !read_only && !files::has_marker(o.dir) {
         files::write_marker(o.dir).map_err(|e| o.io(e))?;
     }
     Ok(format)
@@ -387,7 +407,19 @@ impl Store {
         opts.budget.validate().map_err(OpenError::Options)?;
         prepare_dir(dir, &opts)?;
         let lock = lock_dir(dir, &opts)?;
-        let tree = open_sled(dir, &opts)?;
+        // To read, sled opens a private copy: it writes when it opens (a
+        // snapshot), and the data dir may be read-only.
+        let copy = match opts.read_only {
+            true => Some(
+                files::copy_for_reading(dir).map_err(|source| OpenError::Io {
+                    dir: dir.to_path_buf(),
+                    source,
+                })?,
+            ),
+            false => None,
+        };
+        let db = copy.as_ref().map_or(dir, |c| c.path()).join(files::DB);
+        let tree = open_sled(dir, &db, &opts)?;
         let failed = Arc::new(Failed::default());
         // sled panics on some damaged pages only when they are read: every
         // read of the open is under `panics::catch`.
@@ -397,8 +429,12 @@ impl Store {
                 tree: &tree,
                 failed: &failed,
             };
-            let files = Arc::new(DbFiles::open(dir, opts.power_safe).map_err(|e| o.io(e))?);
-            let format = check_format(&o, &files)?;
+            let files = match opts.read_only {
+                true => DbFiles::read_only(&db),
+                false => DbFiles::open(dir, opts.power_safe),
+            };
+            let files = Arc::new(files.map_err(|e| o.io(e))?);
+            let format = check_format(&o, &files, opts.read_only)?;
             let mut corrupt = Vec::new();
             let replayed = reapply(&o, format, &mut corrupt)?;
             let order = load_order(&o, &mut corrupt)?;
@@ -413,7 +449,14 @@ impl Store {
             failed.fail(&tree, &panic);
             damaged(dir, panic)
         })??;
+        let read_only = opts.read_only;
         let mut store = Store::start(dir, opts, clock, lock, tree, failed, loaded)?;
+        store.read_copy = copy;
+        if read_only {
+            // Reading shows the data dir as it is: a task that was running
+            // when its daemon stopped is still `running` here.
+            return Ok(store);
+        }
         let recovered = panics::catch(|| store.recover()).map_err(|panic| {
             store.failed.fail(&store.tree, &panic);
             damaged(dir, panic)
@@ -434,7 +477,7 @@ impl Store {
         dir: &Path,
         opts: Options,
         clock: SharedClock,
-        lock: DirLock,
+        lock: Option<DirLock>,
         tree: sled::Db,
         failed: Arc<Failed>,
         loaded: Loaded,
@@ -453,8 +496,7 @@ impl Store {
         let applier = overlay.spawn(tree.clone(), failed.clone()).map_err(io)?;
         let commit = Arc::new(GroupCommit::default());
         let flusher = match opts.durability {
-            Durability::Sync => None,
-            Durability::Batched { interval } => Some(
+            Durability::Batched { interval } if !opts.read_only => Some(
                 super::db::spawn_flusher(
                     tree.clone(),
                     files.clone(),
@@ -464,6 +506,7 @@ impl Store {
                 )
                 .map_err(io)?,
             ),
+            _ => None,
         };
         Ok(Store {
             tree,
@@ -485,7 +528,9 @@ impl Store {
             recovered: Vec::new(),
             failed,
             flusher,
+            read_only: opts.read_only,
             _lock: lock,
+            read_copy: None,
         })
     }
 

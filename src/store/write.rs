@@ -515,6 +515,9 @@ impl<'s> WriteTxn<'s> {
         if let Some(why) = self.store.failure() {
             return Err(WriteError::Failed(why));
         }
+        if self.store.is_read_only() {
+            return Err(WriteError::ReadOnly);
+        }
         let first_seq = self.events[0].seq;
         let record = CommitRecord {
             next_id: self.next_id,
