@@ -642,9 +642,9 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::engine::{EngineConfig, Handlers};
     use crate::control::client::connect_within;
     use crate::control::{CallError, Request, call};
+    use crate::engine::{EngineConfig, Handlers};
     use crate::store::{Options, Store};
 
     /// Stops the server when the test ends, even by a panic, so that the
