@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use berth::store::{Options, Placement, Store};
 use berth::task::TaskSpec;
+use common::daemon::Daemon;
 use common::lazyfs::LazyFs;
 
 const DIR_VAR: &str = "BERTH_POWER_CHILD_DIR";
@@ -219,17 +220,7 @@ fn a_daemon_survives_a_power_cut() {
     std::fs::create_dir(fs.mnt.join("db")).expect("db on LazyFS");
     std::os::unix::fs::symlink(fs.mnt.join("db"), data.join("db")).expect("symlink");
     let config = write_config(tmp.path(), &data);
-    let mut daemon = Command::new(common::berth_bin())
-        .arg("run")
-        .arg("--config")
-        .arg(&config)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawning the daemon");
-    common::wait_for("the daemon's socket", || data.join("berth.sock").exists());
+    let mut daemon = Daemon::start(&config, &data, &[]);
 
     let acked = Arc::new(Mutex::new(Vec::new()));
     let stop = Arc::new(AtomicBool::new(false));
@@ -269,10 +260,10 @@ fn a_daemon_survives_a_power_cut() {
         acked.lock().expect("acked").len() >= ACKS
     });
     stop.store(true, Ordering::SeqCst);
-    signal(&daemon, libc::SIGSTOP);
+    daemon.signal(libc::SIGSTOP);
     fs.power_cut();
-    signal(&daemon, libc::SIGKILL);
-    let _ = daemon.wait();
+    daemon.signal(libc::SIGKILL);
+    daemon.wait_exit(Duration::from_secs(60));
     for c in clients {
         c.join().expect("client");
     }

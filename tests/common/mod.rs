@@ -53,6 +53,25 @@ pub fn berth(dir: &Path, args: &[&str]) -> Output {
         .expect("run berth")
 }
 
+/// Runs `berth --data-dir DIR enqueue ARGS...`, which must succeed; returns
+/// the id it printed.
+pub fn enqueue_id(dir: &Path, args: &[&str]) -> u64 {
+    let o = berth(dir, &[&["enqueue"], args].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    text.trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("enqueue printed {text:?}: {e}"))
+}
+
+/// `berth --data-dir DIR task show ID -o json`, which must succeed.
+pub fn task_json(dir: &Path, id: u64) -> serde_json::Value {
+    let o = berth(dir, &["task", "show", &id.to_string(), "-o", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("task show printed {:?}: {e}", stdout(&o)))
+}
+
 pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
