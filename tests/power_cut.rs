@@ -10,17 +10,17 @@
 
 mod common;
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
-use berth::store::{Options, Placement, Store};
+use berth::store::{Options, Store};
 use berth::task::TaskSpec;
 use common::daemon::Daemon;
 use common::lazyfs::LazyFs;
+use common::producer;
 
 const DIR_VAR: &str = "BERTH_POWER_CHILD_DIR";
 /// Acknowledgements to collect before the cut.
@@ -43,31 +43,20 @@ fn noise(len: usize, seed: u64) -> String {
 /// Enqueues forever (every 10th task with a 200 KiB payload), printing each
 /// id after its commit returned.
 fn produce(store: &Store, thread: u64) -> ! {
-    for i in 0u64.. {
+    producer::produce(store, |i| {
         let payload = if i % 10 == 3 {
             serde_json::json!({ "blob": noise(200_000, i) })
         } else {
             serde_json::json!({ "thread": thread, "i": i })
         };
-        let spec = TaskSpec {
+        TaskSpec {
             queue: "main".into(),
             kind: "PowerCut".into(),
             name: format!("t{thread}-{i}"),
             payload,
             ..Default::default()
-        };
-        let task = spec
-            .into_task(store.clock().now_ms(), store.budget())
-            .expect("into_task");
-        let mut w = store.write();
-        let id = w.enqueue(task, Some(Placement::Last)).expect("enqueue");
-        w.commit().expect("commit");
-        let mut out = std::io::stdout().lock();
-        out.write_all(format!("{id}\n").as_bytes())
-            .and_then(|()| out.flush())
-            .expect("stdout");
-    }
-    unreachable!()
+        }
+    })
 }
 
 /// The child of `a_store_held_open_survives_a_power_cut`; does nothing otherwise.
@@ -78,7 +67,7 @@ fn power_child() {
     };
     let store = Store::open(Path::new(&dir), Options::default(), berth::clock::system())
         .expect("open on LazyFS");
-    println!();
+    producer::end_libtest_line();
     std::thread::scope(|s| {
         let store = &store;
         s.spawn(move || produce(store, 1));
@@ -86,19 +75,11 @@ fn power_child() {
     });
 }
 
-/// Collects pure-number lines from a child's stdout.
+/// The ids the child acknowledges on its stdout.
 fn collect_ids(child: &mut Child) -> mpsc::Receiver<u64> {
     let (tx, rx) = mpsc::channel();
-    let (lines_tx, lines) = mpsc::channel();
     let out = child.stdout.take().expect("piped stdout");
-    std::thread::spawn(move || common::forward_lines(out, lines_tx));
-    std::thread::spawn(move || {
-        for l in lines {
-            if !l.is_empty() && l.bytes().all(|b| b.is_ascii_digit()) {
-                let _ = tx.send(l.parse().expect("digits"));
-            }
-        }
-    });
+    std::thread::spawn(move || producer::read_ids(out, tx));
     rx
 }
 

@@ -4,6 +4,7 @@
 
 pub mod daemon;
 pub mod lazyfs;
+pub mod producer;
 pub mod tmpfs;
 
 use std::path::{Path, PathBuf};
