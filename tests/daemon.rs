@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::daemon::{Daemon, write_script};
+use common::daemon::{Daemon, write_root};
 use common::{berth, berth_bin, enqueue_id, stderr, stdout, task_json, tempdir, wait_for};
 
 const HANDLER: &str = r#"#!/bin/sh
@@ -27,21 +27,13 @@ esac
 "#;
 
 fn write_config(root: &Path, extra: &str) -> PathBuf {
-    write_script(&root.join("hook.sh"), HANDLER);
-    let cfg = root.join("berth.toml");
-    std::fs::write(
-        &cfg,
-        format!(
+    write_root(
+        root,
+        HANDLER,
+        &format!(
             "data_dir = \"data\"\nnode = \"edge-7\"\ngrace = \"10s\"\n[retry]\ninitial = \"1s\"\nmax_attempts = 2\n[handlers.Sh]\ncommand = [\"./hook.sh\"]\ntimeout = \"2s\"\n{extra}"
         ),
     )
-    .unwrap();
-    cfg
-}
-
-/// Starts the daemon on ROOT/berth.toml, with its data dir ROOT/data.
-fn start(root: &Path) -> Daemon {
-    Daemon::start(&root.join("berth.toml"), &root.join("data"), &[])
 }
 
 fn enqueue(dir: &Path, name: &str) -> u64 {
@@ -64,7 +56,7 @@ fn enqueue(dir: &Path, name: &str) -> u64 {
 fn command_handlers_succeed_fail_time_out_and_repeat() {
     let root = tempdir();
     write_config(root.path(), "");
-    let d = start(root.path());
+    let d = Daemon::start_in(root.path());
     let ok = enqueue(&d.dir, "ok");
     let fail = enqueue(&d.dir, "fail");
     let slow = enqueue(&d.dir, "slow");
@@ -127,7 +119,7 @@ fn command_handlers_succeed_fail_time_out_and_repeat() {
 fn the_socket_is_private_and_survives_bad_requests() {
     let root = tempdir();
     write_config(root.path(), "");
-    let d = start(root.path());
+    let d = Daemon::start_in(root.path());
     let sock = d.dir.join("berth.sock");
     let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
@@ -174,7 +166,7 @@ fn the_socket_is_private_and_survives_bad_requests() {
 fn sigterm_waits_for_running_tasks_and_a_restart_loses_nothing() {
     let root = tempdir();
     write_config(root.path(), "");
-    let mut d = start(root.path());
+    let mut d = Daemon::start_in(root.path());
     let g = enqueue(&d.dir, "grace");
     // Two queued behind it in the same queue.
     let behind: Vec<u64> = (0..2)
@@ -205,7 +197,7 @@ fn sigterm_waits_for_running_tasks_and_a_restart_loses_nothing() {
         list.contains("Queue 'grace': length 2, status: ''"),
         "{list}"
     );
-    d = start(root.path());
+    d = Daemon::start_in(root.path());
     wait_for("the rest after restart", || {
         behind
             .iter()
@@ -241,7 +233,7 @@ fn a_bad_config_names_the_file_line_and_key() {
 fn a_handler_dies_with_a_killed_daemon() {
     let root = tempdir();
     write_config(root.path(), "");
-    let mut d = start(root.path());
+    let mut d = Daemon::start_in(root.path());
     enqueue(&d.dir, "hang");
     let pidfile = root.path().join("hang.pid");
     let mut pid = 0i32;

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::daemon::Daemon;
+use common::daemon::{Daemon, write_script};
 use common::tmpfs::{Tmpfs, free_ballast};
 use common::{stderr, stdout};
 
@@ -170,14 +170,11 @@ fn a_full_disk_without_a_daemon_refuses_new_work_clearly_and_recovers() {
 
 fn write_config(root: &Path, extra: &str) -> PathBuf {
     let hook = root.join("hook.sh");
-    std::fs::write(
+    write_script(
         &hook,
         "#!/bin/sh\ncat >/dev/null\ncase \"$BERTH_TASK_NAME\" in\n  \
          hold*) while [ ! -e release ]; do sleep 0.02; done ;;\nesac\necho '\"ok\"'\n",
-    )
-    .expect("hook");
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    );
     let cfg = root.join("berth.toml");
     std::fs::write(
         &cfg,
@@ -470,11 +467,7 @@ fn a_daemon_restarted_right_after_a_kill_9_starts_while_clients_are_busy() {
         })
         .collect();
     for round in 0..20 {
-        let mut daemon = Daemon::spawn(&cfg, &dir, &[]);
-        common::wait_for("the daemon to serve", || {
-            dir.join("berth.sock").exists()
-                && std::os::unix::net::UnixStream::connect(dir.join("berth.sock")).is_ok()
-        });
+        let mut daemon = Daemon::start(&cfg, &dir, &[]);
         let before = acked.lock().expect("acked").len();
         common::wait_for("clients to get answers from this daemon", || {
             acked.lock().expect("acked").len() >= before + 3

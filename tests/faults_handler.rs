@@ -9,7 +9,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::daemon::{Daemon, write_script};
+use common::daemon::{Daemon, write_root};
 use common::{berth, enqueue_id, stderr, stdout, task_json, tempdir, wait_for};
 
 /// Each task's name picks what the handler does.
@@ -33,21 +33,13 @@ esac
 /// Writes the handler and a config with the handler's `timeout` and one
 /// attempt per task.
 fn write_config(root: &Path, timeout: &str) -> PathBuf {
-    write_script(&root.join("hook.sh"), HANDLER);
-    let cfg = root.join("berth.toml");
-    std::fs::write(
-        &cfg,
-        format!(
+    write_root(
+        root,
+        HANDLER,
+        &format!(
             "data_dir = \"data\"\ngrace = \"10s\"\n[retry]\ninitial = \"1s\"\nmax_attempts = 1\n[handlers.Sh]\ncommand = [\"./hook.sh\"]\ntimeout = \"{timeout}\"\n"
         ),
     )
-    .expect("write the config");
-    cfg
-}
-
-/// Starts the daemon on ROOT/berth.toml, with its data dir ROOT/data.
-fn start(root: &Path) -> Daemon {
-    Daemon::start(&root.join("berth.toml"), &root.join("data"), &[])
 }
 
 /// Enqueues a task of kind Sh; `payload` is `--payload JSON` or
@@ -128,7 +120,7 @@ fn a_timeout_bounds_the_attempt_whatever_the_handlers_helpers_hold() {
             .map(|n| root.path().join(format!("{n}.pid")))
             .collect(),
     );
-    let d = start(root.path());
+    let d = Daemon::start_in(root.path());
     // Pipes it may have inherited from whoever runs the test.
     let pipes_before = pipes(d.child.id());
     let begin = Instant::now();
@@ -310,7 +302,7 @@ fn task_show_line(dir: &Path, id: u64) -> String {
 fn any_result_can_be_read_back_the_same_with_and_without_the_daemon() {
     let root = tempdir();
     write_config(root.path(), "1m");
-    let mut d = start(root.path());
+    let mut d = Daemon::start_in(root.path());
     // 70 MB on stdout: over the 64 MiB read limit, cut while it is read.
     let huge = enqueue(&d.dir, "a", "huge", NULL);
     // 12 MB of \x01: read whole, but 72 MB as JSON ("\u0001" each).

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::daemon::{Daemon, write_script};
+use common::daemon::{Daemon, write_root};
 use common::{berth, berth_bin, enqueue_id, stderr, stdout, task_json, tempdir, wait_for};
 
 const HANDLER: &str = r#"#!/bin/sh
@@ -48,16 +48,13 @@ fn connection_threads(d: &Daemon) -> usize {
 }
 
 fn write_config(root: &Path, grace: &str) -> PathBuf {
-    write_script(&root.join("hook.sh"), HANDLER);
-    let cfg = root.join("berth.toml");
-    std::fs::write(
-        &cfg,
-        format!(
+    write_root(
+        root,
+        HANDLER,
+        &format!(
             "data_dir = \"data\"\ngrace = \"{grace}\"\n[handlers.Sh]\ncommand = [\"./hook.sh\"]\ntimeout = \"2m\"\n"
         ),
     )
-    .expect("write config");
-    cfg
 }
 
 fn start(root: &Path) -> Daemon {

@@ -25,6 +25,11 @@ impl Daemon {
         Daemon::start_with(config, dir, extra, |_| {})
     }
 
+    /// Starts ROOT/berth.toml on the data dir ROOT/data (see [`write_root`]).
+    pub fn start_in(root: &Path) -> Daemon {
+        Daemon::start(&root.join("berth.toml"), &root.join("data"), &[])
+    }
+
     /// [`Daemon::start`], with `setup` adjusting the command first (limits,
     /// environment).
     pub fn start_with(
@@ -48,12 +53,8 @@ impl Daemon {
         d
     }
 
-    /// Starts it without waiting for anything.
-    pub fn spawn(config: &Path, dir: &Path, extra: &[&str]) -> Daemon {
-        Daemon::spawn_with(config, dir, extra, |_| {})
-    }
-
-    /// [`Daemon::spawn`], with `setup` adjusting the command first.
+    /// Starts it, with `setup` adjusting the command first, without waiting
+    /// for anything.
     pub fn spawn_with(
         config: &Path,
         dir: &Path,
@@ -145,6 +146,16 @@ impl Drop for Daemon {
             eprintln!("--- the daemon's log ---\n{}", self.log_text());
         }
     }
+}
+
+/// Lays out a daemon's folder ROOT: the handler ROOT/hook.sh and the config
+/// ROOT/berth.toml (whose `data_dir = "data"` is ROOT/data). Returns the
+/// config's path.
+pub fn write_root(root: &Path, hook: &str, config: &str) -> PathBuf {
+    write_script(&root.join("hook.sh"), hook);
+    let cfg = root.join("berth.toml");
+    std::fs::write(&cfg, config).expect("write the config");
+    cfg
 }
 
 /// Writes an executable script (a handler) to `path`.
