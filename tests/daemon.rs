@@ -11,7 +11,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::daemon::{Daemon, write_root};
-use common::{berth, berth_bin, enqueue_id, stderr, stdout, task_json, tempdir, wait_for};
+use common::{
+    alive, berth, berth_bin, enqueue_id, read_pid, stderr, stdout, task_json, tempdir, wait_for,
+};
 
 const HANDLER: &str = r#"#!/bin/sh
 # ok: prints a result; fail: helm-like error; slow: sleeps; repeat: exit 75 once.
@@ -238,23 +240,9 @@ fn a_handler_dies_with_a_killed_daemon() {
     let pidfile = root.path().join("hang.pid");
     let mut pid = 0i32;
     wait_for("the handler's pid", || {
-        pid = std::fs::read_to_string(&pidfile)
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(0);
+        pid = read_pid(&pidfile).unwrap_or(0);
         pid > 0
     });
-    let alive = |pid: i32| {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| {
-                !s.rsplit(')')
-                    .next()
-                    .unwrap_or("")
-                    .trim_start()
-                    .starts_with('Z')
-            })
-            .unwrap_or(false)
-    };
     assert!(alive(pid));
     d.signal(libc::SIGKILL);
     d.wait_exit(Duration::from_secs(20));

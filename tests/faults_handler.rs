@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::daemon::{Daemon, write_root};
-use common::{berth, enqueue_id, stderr, stdout, task_json, tempdir, wait_for};
+use common::{alive, berth, enqueue_id, read_pid, stderr, stdout, task_json, tempdir, wait_for};
 
 /// Each task's name picks what the handler does.
 const HANDLER: &str = r#"#!/bin/sh
@@ -67,18 +67,6 @@ fn attempt_ms(t: &serde_json::Value) -> u64 {
     end - start
 }
 
-fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| {
-            !s.rsplit(')')
-                .next()
-                .unwrap_or("")
-                .trim_start()
-                .starts_with('Z')
-        })
-        .unwrap_or(false)
-}
-
 /// The pipes a process has open.
 fn pipes(pid: u32) -> std::collections::BTreeSet<String> {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
@@ -87,10 +75,6 @@ fn pipes(pid: u32) -> std::collections::BTreeSet<String> {
         .map(|l| l.to_string_lossy().into_owned())
         .filter(|l| l.starts_with("pipe:"))
         .collect()
-}
-
-fn read_pid(file: &Path) -> Option<i32> {
-    std::fs::read_to_string(file).ok()?.trim().parse().ok()
 }
 
 /// Kills the helpers the handlers left in their own sessions (berth does

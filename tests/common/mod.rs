@@ -224,3 +224,21 @@ pub fn forward_lines(out: impl std::io::Read, tx: std::sync::mpsc::Sender<String
         }
     }
 }
+
+/// Whether process `pid` runs: it exists and is not a zombie.
+pub fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            !s.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+        .unwrap_or(false)
+}
+
+/// The pid a process wrote to `file`, once it has.
+pub fn read_pid(file: &Path) -> Option<i32> {
+    std::fs::read_to_string(file).ok()?.trim().parse().ok()
+}
