@@ -8,7 +8,6 @@
 
 mod common;
 
-use std::io::Read;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -94,12 +93,7 @@ fn run_child(dir: &Path, threads: usize, delay: Duration) -> Cycle {
     let (tx, rx) = mpsc::channel();
     let stdout = child.stdout.take().expect("piped stdout");
     let reader = std::thread::spawn(move || producer::read_ids(stdout, tx));
-    let mut stderr_pipe = child.stderr.take().expect("piped stderr");
-    let stderr_reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stderr_pipe.read_to_string(&mut s);
-        s
-    });
+    let stderr_reader = common::read_in_background(child.stderr.take().expect("piped stderr"));
 
     let mut printed = Vec::new();
     let first = rx.recv_timeout(Duration::from_secs(60));

@@ -225,6 +225,18 @@ pub fn forward_lines(out: impl std::io::Read, tx: std::sync::mpsc::Sender<String
     }
 }
 
+/// Reads all a child process prints on `out` (its stderr, say) on a thread
+/// of its own; join it for the text.
+pub fn read_in_background(
+    mut out: impl std::io::Read + Send + 'static,
+) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    })
+}
+
 /// Whether process `pid` runs: it exists and is not a zombie.
 pub fn alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
