@@ -132,14 +132,21 @@ fn check_survivors(dir: &Path, acked: &[u64]) {
     );
 }
 
-#[test]
-fn a_store_held_open_survives_a_power_cut() {
-    let mut fs = match LazyFs::mount() {
-        Ok(fs) => fs,
+/// LazyFS mounted, or `None` (with the reason printed) where it cannot be.
+fn mount_or_skip() -> Option<LazyFs> {
+    match LazyFs::mount() {
+        Ok(fs) => Some(fs),
         Err(why) => {
             eprintln!("skipped: {why}");
-            return;
+            None
         }
+    }
+}
+
+#[test]
+fn a_store_held_open_survives_a_power_cut() {
+    let Some(mut fs) = mount_or_skip() else {
+        return;
     };
     let mut child = Command::new(std::env::current_exe().expect("current_exe"))
         .args(["--exact", "power_child", "--nocapture", "--test-threads=1"])
@@ -187,12 +194,8 @@ fn write_config(dir: &Path, data: &Path) -> PathBuf {
 
 #[test]
 fn a_daemon_survives_a_power_cut() {
-    let mut fs = match LazyFs::mount() {
-        Ok(fs) => fs,
-        Err(why) => {
-            eprintln!("skipped: {why}");
-            return;
-        }
+    let Some(mut fs) = mount_or_skip() else {
+        return;
     };
     // The socket cannot live on LazyFS: only the database does.
     let tmp = common::tempdir();
