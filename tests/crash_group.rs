@@ -14,7 +14,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -179,12 +179,7 @@ fn run_child(dir: &Path, delay: Duration) -> ChildRun {
     let stdout = child.stdout.take().expect("piped stdout");
     let (tx, rx) = mpsc::channel::<String>();
     let reader = std::thread::spawn(move || common::forward_lines(stdout, tx));
-    let mut stderr_pipe = child.stderr.take().expect("piped stderr");
-    let stderr_reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stderr_pipe.read_to_string(&mut s);
-        s
-    });
+    let stderr_reader = common::read_in_background(child.stderr.take().expect("piped stderr"));
 
     let mut transcript = Vec::new();
     let mut runs = Vec::new();

@@ -8,14 +8,14 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use berth::store::{Durability, Options, Placement, Store};
+use berth::store::{Durability, Options, Store};
 use berth::task::TaskSpec;
+use common::producer;
 
 const DIR_VAR: &str = "BERTH_CRASH_CHILD_DIR";
 const THREADS_VAR: &str = "BERTH_CRASH_CHILD_THREADS";
@@ -38,30 +38,13 @@ fn open(dir: &Path) -> Store {
 
 /// Enqueues forever, printing each id after its commit returned.
 fn produce(store: &Store, thread: usize) -> ! {
-    let mut i = 0u64;
-    loop {
-        let spec = TaskSpec {
-            queue: QUEUE.into(),
-            kind: "CrashTest".into(),
-            name: format!("t{thread}-{i}"),
-            payload: serde_json::json!({ "thread": thread, "i": i }),
-            ..Default::default()
-        };
-        let task = spec
-            .into_task(store.clock().now_ms(), store.budget())
-            .expect("into_task");
-        let mut w = store.write();
-        let id = w.enqueue(task, Some(Placement::Last)).expect("enqueue");
-        w.commit().expect("commit");
-        // One write per line, under the stdout lock, flushed: a line the
-        // parent reads is an id whose commit returned.
-        let mut out = std::io::stdout().lock();
-        out.write_all(format!("{id}\n").as_bytes())
-            .and_then(|()| out.flush())
-            .expect("writing to stdout");
-        drop(out);
-        i += 1;
-    }
+    producer::produce(store, |i| TaskSpec {
+        queue: QUEUE.into(),
+        kind: "CrashTest".into(),
+        name: format!("t{thread}-{i}"),
+        payload: serde_json::json!({ "thread": thread, "i": i }),
+        ..Default::default()
+    })
 }
 
 /// The child: does nothing unless re-executed by `kill_9_during_sync_enqueue`.
@@ -75,14 +58,7 @@ fn crash_child() {
         .and_then(|t| t.parse().ok())
         .unwrap_or(1);
     let store = open(Path::new(&dir));
-    // libtest has printed "test crash_child ... " without a newline: end
-    // that line so the first id gets a line of its own.
-    {
-        let mut out = std::io::stdout().lock();
-        out.write_all(b"\n")
-            .and_then(|()| out.flush())
-            .expect("stdout");
-    }
+    producer::end_libtest_line();
     std::thread::scope(|s| {
         for t in 1..threads {
             let store = &store;
@@ -104,19 +80,6 @@ fn spawn_child(dir: &Path, threads: usize) -> Child {
         .expect("spawning the child")
 }
 
-/// Reads the child's stdout to EOF, sending every complete line that is a
-/// pure integer (libtest prints its own lines too).
-fn read_ids(out: impl Read + Send + 'static, tx: mpsc::Sender<u64>) {
-    let (lines_tx, lines) = mpsc::channel();
-    let forward = std::thread::spawn(move || common::forward_lines(out, lines_tx));
-    for text in lines {
-        if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
-            let _ = tx.send(text.parse().expect("digits"));
-        }
-    }
-    let _ = forward.join();
-}
-
 struct Cycle {
     printed: Vec<u64>,
     stderr: String,
@@ -129,13 +92,8 @@ fn run_child(dir: &Path, threads: usize, delay: Duration) -> Cycle {
     let mut child = spawn_child(dir, threads);
     let (tx, rx) = mpsc::channel();
     let stdout = child.stdout.take().expect("piped stdout");
-    let reader = std::thread::spawn(move || read_ids(stdout, tx));
-    let mut stderr_pipe = child.stderr.take().expect("piped stderr");
-    let stderr_reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stderr_pipe.read_to_string(&mut s);
-        s
-    });
+    let reader = std::thread::spawn(move || producer::read_ids(stdout, tx));
+    let stderr_reader = common::read_in_background(child.stderr.take().expect("piped stderr"));
 
     let mut printed = Vec::new();
     let first = rx.recv_timeout(Duration::from_secs(60));

@@ -7,9 +7,13 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
+use std::time::Duration;
 
-use common::{berth, berth_bin, stderr, stdout, tempdir, wait_for};
+use common::daemon::{Daemon, write_root};
+use common::{
+    alive, berth, berth_bin, enqueue_id, read_pid, stderr, stdout, task_json, tempdir, wait_for,
+};
 
 const HANDLER: &str = r#"#!/bin/sh
 # ok: prints a result; fail: helm-like error; slow: sleeps; repeat: exit 75 once.
@@ -24,54 +28,20 @@ case "$BERTH_TASK_NAME" in
 esac
 "#;
 
-struct Daemon {
-    child: Child,
-    dir: PathBuf,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn write_config(root: &Path, extra: &str) -> PathBuf {
-    let hook = root.join("hook.sh");
-    std::fs::write(&hook, HANDLER).unwrap();
-    std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let cfg = root.join("berth.toml");
-    std::fs::write(
-        &cfg,
-        format!(
+    write_root(
+        root,
+        HANDLER,
+        &format!(
             "data_dir = \"data\"\nnode = \"edge-7\"\ngrace = \"10s\"\n[retry]\ninitial = \"1s\"\nmax_attempts = 2\n[handlers.Sh]\ncommand = [\"./hook.sh\"]\ntimeout = \"2s\"\n{extra}"
         ),
     )
-    .unwrap();
-    cfg
-}
-
-fn start(root: &Path) -> Daemon {
-    let cfg = root.join("berth.toml");
-    let child = Command::new(berth_bin())
-        .args(["run", "--config"])
-        .arg(&cfg)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let dir = root.join("data");
-    let sock = dir.join("berth.sock");
-    wait_for("the daemon's socket", || UnixStream::connect(&sock).is_ok());
-    Daemon { child, dir }
 }
 
 fn enqueue(dir: &Path, name: &str) -> u64 {
-    let o = berth(
+    enqueue_id(
         dir,
         &[
-            "enqueue",
             "--queue",
             name,
             "--kind",
@@ -81,43 +51,36 @@ fn enqueue(dir: &Path, name: &str) -> u64 {
             "--payload",
             "{\"x\":1}",
         ],
-    );
-    assert!(o.status.success(), "{}", stderr(&o));
-    stdout(&o).trim().parse().unwrap()
-}
-
-fn show(dir: &Path, id: u64) -> serde_json::Value {
-    let o = berth(dir, &["task", "show", &id.to_string(), "-o", "json"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    serde_json::from_slice(&o.stdout).unwrap()
+    )
 }
 
 #[test]
 fn command_handlers_succeed_fail_time_out_and_repeat() {
     let root = tempdir();
     write_config(root.path(), "");
-    let d = start(root.path());
+    let d = Daemon::start_in(root.path());
     let ok = enqueue(&d.dir, "ok");
     let fail = enqueue(&d.dir, "fail");
     let slow = enqueue(&d.dir, "slow");
     let rep = enqueue(&d.dir, "repeat");
-    let done =
-        |id| show(&d.dir, id)["status"] != "queued" && show(&d.dir, id)["status"] != "running";
+    let done = |id| {
+        task_json(&d.dir, id)["status"] != "queued" && task_json(&d.dir, id)["status"] != "running"
+    };
     wait_for("all four to finish", || {
         [ok, fail, slow, rep].iter().all(|id| done(*id))
     });
-    let t = show(&d.dir, ok);
+    let t = task_json(&d.dir, ok);
     assert_eq!(t["status"], "succeeded");
     assert_eq!(t["result"]["node"], "edge-7");
-    let t = show(&d.dir, fail);
+    let t = task_json(&d.dir, fail);
     assert_eq!(t["status"], "failed", "two attempts used: a dead letter");
     assert_eq!(
         t["last_failure"],
         "helm upgrade failed: cannot patch \"mcplay\""
     );
-    let t = show(&d.dir, slow);
+    let t = task_json(&d.dir, slow);
     assert_eq!(t["last_failure"], "timed out after 2s");
-    let t = show(&d.dir, rep);
+    let t = task_json(&d.dir, rep);
     assert_eq!(
         (
             t["status"].as_str(),
@@ -130,9 +93,9 @@ fn command_handlers_succeed_fail_time_out_and_repeat() {
     // Handlers inherit none of berth's files: not the database, the lock or the socket.
     let fds = enqueue(&d.dir, "fds");
     wait_for("the fd listing", || {
-        show(&d.dir, fds)["status"] == "succeeded"
+        task_json(&d.dir, fds)["status"] == "succeeded"
     });
-    let listing = show(&d.dir, fds)["result"]
+    let listing = task_json(&d.dir, fds)["result"]
         .as_str()
         .unwrap_or_default()
         .to_string();
@@ -150,7 +113,7 @@ fn command_handlers_succeed_fail_time_out_and_repeat() {
     let o = berth(&d.dir, &["task", "retry", &fail.to_string()]);
     assert!(o.status.success(), "{}", stderr(&o));
     wait_for("the retry to fail again", || {
-        show(&d.dir, fail)["attempts"] == 4
+        task_json(&d.dir, fail)["attempts"] == 4
     });
 }
 
@@ -158,7 +121,7 @@ fn command_handlers_succeed_fail_time_out_and_repeat() {
 fn the_socket_is_private_and_survives_bad_requests() {
     let root = tempdir();
     write_config(root.path(), "");
-    let d = start(root.path());
+    let d = Daemon::start_in(root.path());
     let sock = d.dir.join("berth.sock");
     let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
@@ -205,47 +168,42 @@ fn the_socket_is_private_and_survives_bad_requests() {
 fn sigterm_waits_for_running_tasks_and_a_restart_loses_nothing() {
     let root = tempdir();
     write_config(root.path(), "");
-    let mut d = start(root.path());
+    let mut d = Daemon::start_in(root.path());
     let g = enqueue(&d.dir, "grace");
     // Two queued behind it in the same queue.
     let behind: Vec<u64> = (0..2)
         .map(|_| {
-            let o = berth(
+            enqueue_id(
                 &d.dir,
-                &[
-                    "enqueue", "--queue", "grace", "--kind", "Sh", "--name", "ok",
-                ],
-            );
-            stdout(&o).trim().parse().unwrap()
+                &["--queue", "grace", "--kind", "Sh", "--name", "ok"],
+            )
         })
         .collect();
     wait_for("the grace task to run", || {
-        show(&d.dir, g)["status"] == "running"
+        task_json(&d.dir, g)["status"] == "running"
     });
-    unsafe {
-        libc::kill(d.child.id() as i32, libc::SIGTERM);
-    }
-    let status = d.child.wait().unwrap();
+    d.signal(libc::SIGTERM);
+    let (status, _) = d.wait_exit(Duration::from_secs(20));
     assert!(status.success(), "graceful stop exits 0: {status:?}");
     // Offline now: the CLI opens the data dir directly, same output.
-    let t = show(&d.dir, g);
+    let t = task_json(&d.dir, g);
     assert_eq!(
         t["status"], "succeeded",
         "the running task was allowed to finish"
     );
     for id in &behind {
-        assert_eq!(show(&d.dir, *id)["status"], "queued");
+        assert_eq!(task_json(&d.dir, *id)["status"], "queued");
     }
     let list = stdout(&berth(&d.dir, &["queue", "list"]));
     assert!(
         list.contains("Queue 'grace': length 2, status: ''"),
         "{list}"
     );
-    d = start(root.path());
+    d = Daemon::start_in(root.path());
     wait_for("the rest after restart", || {
         behind
             .iter()
-            .all(|id| show(&d.dir, *id)["status"] == "succeeded")
+            .all(|id| task_json(&d.dir, *id)["status"] == "succeeded")
     });
     drop(d);
     let o = berth(&root.path().join("data"), &["verify"]);
@@ -277,30 +235,16 @@ fn a_bad_config_names_the_file_line_and_key() {
 fn a_handler_dies_with_a_killed_daemon() {
     let root = tempdir();
     write_config(root.path(), "");
-    let mut d = start(root.path());
+    let mut d = Daemon::start_in(root.path());
     enqueue(&d.dir, "hang");
     let pidfile = root.path().join("hang.pid");
     let mut pid = 0i32;
     wait_for("the handler's pid", || {
-        pid = std::fs::read_to_string(&pidfile)
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(0);
+        pid = read_pid(&pidfile).unwrap_or(0);
         pid > 0
     });
-    let alive = |pid: i32| {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| {
-                !s.rsplit(')')
-                    .next()
-                    .unwrap_or("")
-                    .trim_start()
-                    .starts_with('Z')
-            })
-            .unwrap_or(false)
-    };
     assert!(alive(pid));
-    d.child.kill().unwrap();
-    d.child.wait().unwrap();
+    d.signal(libc::SIGKILL);
+    d.wait_exit(Duration::from_secs(20));
     wait_for("the handler to die with the daemon", || !alive(pid));
 }

@@ -73,6 +73,15 @@ impl Gate {
         *m.lock().unwrap() = true;
         cv.notify_all();
     }
+    /// A handler that counts its starts in `started`, then waits for the gate.
+    fn handler(&self, started: &Arc<AtomicU32>) -> impl Handler + use<> {
+        let (gate, started) = (self.clone(), started.clone());
+        move |_: &TaskContext| {
+            started.fetch_add(1, Ordering::SeqCst);
+            gate.wait();
+            Outcome::success()
+        }
+    }
 }
 
 /// Opens the gate and stops the engine when dropped, so a failed assertion
@@ -352,12 +361,7 @@ fn statuses_follow_what_each_queue_does() {
     let gate = Gate::default();
     let started = Arc::new(AtomicU32::new(0));
     let mut h = Handlers::new();
-    let (g, st) = (gate.clone(), started.clone());
-    h.register("Block", move |_: &TaskContext| {
-        st.fetch_add(1, Ordering::SeqCst);
-        g.wait();
-        Outcome::success()
-    });
+    h.register("Block", gate.handler(&started));
     h.register("Fail", |_: &TaskContext| {
         Outcome::fail("helm upgrade failed")
     });
@@ -436,12 +440,7 @@ fn the_seed_startup_batch_gives_the_seed_layout() {
     let gate = Gate::default();
     let started = Arc::new(AtomicU32::new(0));
     let mut h = Handlers::new();
-    let (g, st) = (gate.clone(), started.clone());
-    h.register("ModuleRun", move |_: &TaskContext| {
-        st.fetch_add(1, Ordering::SeqCst);
-        g.wait();
-        Outcome::success()
-    });
+    h.register("ModuleRun", gate.handler(&started));
     let e = engine(&s, h, EngineConfig::default());
     e.enqueue_batch(common::seed_startup_specs()).unwrap();
     let g = |names: &str| {

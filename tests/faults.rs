@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::daemon::Daemon;
+use common::daemon::{Daemon, write_script};
 use common::tmpfs::{Tmpfs, free_ballast};
 use common::{stderr, stdout};
 
@@ -84,6 +84,20 @@ fn id_of(o: &Output) -> u64 {
         .unwrap_or_else(|_| panic!("not an id: {:?} ({})", stdout(o), stderr(o)))
 }
 
+/// Enqueues big tasks into `main` until one is refused, pushing each
+/// acknowledged id onto `acked`; returns the refusal. Fails the test once
+/// `acked` holds `most` ids: the disk never filled.
+fn enqueue_until_refused(dir: &Path, payload: &Path, acked: &mut Vec<u64>, most: usize) -> Output {
+    loop {
+        let o = enqueue_file(dir, "main", &format!("t{}", acked.len()), payload);
+        if !o.status.success() {
+            return o;
+        }
+        acked.push(id_of(&o));
+        assert!(acked.len() < most, "the disk never filled");
+    }
+}
+
 /// Every id is a task the data dir knows (live or finished).
 fn assert_all_present(dir: &Path, ids: &[u64]) {
     for id in ids {
@@ -121,14 +135,7 @@ fn a_full_disk_without_a_daemon_refuses_new_work_clearly_and_recovers() {
     let ballast = fs.fill("ballast", 104 << 20);
 
     let mut acked = Vec::new();
-    let refusal = loop {
-        let o = enqueue_file(&dir, "main", &format!("t{}", acked.len()), &payload);
-        if !o.status.success() {
-            break o;
-        }
-        acked.push(id_of(&o));
-        assert!(acked.len() < 200, "the disk never filled");
-    };
+    let refusal = enqueue_until_refused(&dir, &payload, &mut acked, 200);
     assert!(acked.len() >= 5, "refused too early: {}", stderr(&refusal));
     assert_eq!(refusal.status.code(), Some(1), "{}", stderr(&refusal));
     let msg = stderr(&refusal);
@@ -170,14 +177,11 @@ fn a_full_disk_without_a_daemon_refuses_new_work_clearly_and_recovers() {
 
 fn write_config(root: &Path, extra: &str) -> PathBuf {
     let hook = root.join("hook.sh");
-    std::fs::write(
+    write_script(
         &hook,
         "#!/bin/sh\ncat >/dev/null\ncase \"$BERTH_TASK_NAME\" in\n  \
          hold*) while [ ! -e release ]; do sleep 0.02; done ;;\nesac\necho '\"ok\"'\n",
-    )
-    .expect("hook");
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    );
     let cfg = root.join("berth.toml");
     std::fs::write(
         &cfg,
@@ -227,14 +231,7 @@ fn a_full_disk_under_a_daemon_pauses_refuses_and_resumes_without_a_restart() {
     });
     let mut acked = vec![side, head];
     let ballast = fs.fill("ballast", 60 << 20);
-    let refusal = loop {
-        let o = enqueue_file(&dir, "main", &format!("t{}", acked.len()), &payload);
-        if !o.status.success() {
-            break o;
-        }
-        acked.push(id_of(&o));
-        assert!(acked.len() < 300, "the disk never filled");
-    };
+    let refusal = enqueue_until_refused(&dir, &payload, &mut acked, 300);
     assert_eq!(refusal.status.code(), Some(1), "{}", stderr(&refusal));
     assert!(
         stderr(&refusal).contains("not enough disk space in"),
@@ -299,14 +296,7 @@ fn a_store_that_fails_under_the_daemon_stops_it_with_exit_4_and_loses_nothing() 
     let mut daemon = Daemon::start(&cfg, &dir, &[]);
     let ballast = fs.fill("ballast", 20 << 20);
     let mut acked = Vec::new();
-    let failed = loop {
-        let o = enqueue_file(&dir, "main", &format!("t{}", acked.len()), &payload);
-        if !o.status.success() {
-            break o;
-        }
-        acked.push(id_of(&o));
-        assert!(acked.len() < 300, "the disk never filled");
-    };
+    let failed = enqueue_until_refused(&dir, &payload, &mut acked, 300);
     assert!(
         matches!(failed.status.code(), Some(1) | Some(3)),
         "{}",
@@ -470,11 +460,7 @@ fn a_daemon_restarted_right_after_a_kill_9_starts_while_clients_are_busy() {
         })
         .collect();
     for round in 0..20 {
-        let mut daemon = Daemon::spawn(&cfg, &dir, &[]);
-        common::wait_for("the daemon to serve", || {
-            dir.join("berth.sock").exists()
-                && std::os::unix::net::UnixStream::connect(dir.join("berth.sock")).is_ok()
-        });
+        let mut daemon = Daemon::start(&cfg, &dir, &[]);
         let before = acked.lock().expect("acked").len();
         common::wait_for("clients to get answers from this daemon", || {
             acked.lock().expect("acked").len() >= before + 3

@@ -5,13 +5,12 @@
 
 mod common;
 
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{berth, berth_bin, stderr, stdout, tempdir, wait_for};
+use common::daemon::{Daemon, write_root};
+use common::{alive, berth, enqueue_id, read_pid, stderr, stdout, task_json, tempdir, wait_for};
 
 /// Each task's name picks what the handler does.
 const HANDLER: &str = r#"#!/bin/sh
@@ -31,73 +30,27 @@ case "$BERTH_TASK_NAME" in
 esac
 "#;
 
-/// A running `berth run`, killed when dropped.
-struct Daemon {
-    child: Child,
-    dir: PathBuf,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// Writes the handler and a config with the handler's `timeout` and one
 /// attempt per task.
 fn write_config(root: &Path, timeout: &str) -> PathBuf {
-    let hook = root.join("hook.sh");
-    std::fs::write(&hook, HANDLER).expect("write the handler");
-    std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let cfg = root.join("berth.toml");
-    std::fs::write(
-        &cfg,
-        format!(
+    write_root(
+        root,
+        HANDLER,
+        &format!(
             "data_dir = \"data\"\ngrace = \"10s\"\n[retry]\ninitial = \"1s\"\nmax_attempts = 1\n[handlers.Sh]\ncommand = [\"./hook.sh\"]\ntimeout = \"{timeout}\"\n"
         ),
     )
-    .expect("write the config");
-    cfg
-}
-
-fn start(root: &Path) -> Daemon {
-    let child = Command::new(berth_bin())
-        .args(["run", "--config"])
-        .arg(root.join("berth.toml"))
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start berth run");
-    let dir = root.join("data");
-    let sock = dir.join("berth.sock");
-    wait_for("the daemon's socket", || UnixStream::connect(&sock).is_ok());
-    Daemon { child, dir }
 }
 
 /// Enqueues a task of kind Sh; `payload` is `--payload JSON` or
 /// `--payload-file FILE`.
 fn enqueue(dir: &Path, queue: &str, name: &str, payload: [&str; 2]) -> u64 {
-    let o = berth(
+    enqueue_id(
         dir,
         &[
-            "enqueue", "--queue", queue, "--kind", "Sh", "--name", name, payload[0], payload[1],
+            "--queue", queue, "--kind", "Sh", "--name", name, payload[0], payload[1],
         ],
-    );
-    assert!(o.status.success(), "{}", stderr(&o));
-    let text = stdout(&o);
-    text.trim()
-        .parse()
-        .unwrap_or_else(|e| panic!("enqueue printed {text:?}: {e}"))
-}
-
-fn show(dir: &Path, id: u64) -> serde_json::Value {
-    let o = berth(dir, &["task", "show", &id.to_string(), "-o", "json"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    serde_json::from_slice(&o.stdout)
-        .unwrap_or_else(|e| panic!("task show printed {:?}: {e}", stdout(&o)))
+    )
 }
 
 const NULL: [&str; 2] = ["--payload", "null"];
@@ -114,18 +67,6 @@ fn attempt_ms(t: &serde_json::Value) -> u64 {
     end - start
 }
 
-fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| {
-            !s.rsplit(')')
-                .next()
-                .unwrap_or("")
-                .trim_start()
-                .starts_with('Z')
-        })
-        .unwrap_or(false)
-}
-
 /// The pipes a process has open.
 fn pipes(pid: u32) -> std::collections::BTreeSet<String> {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
@@ -134,10 +75,6 @@ fn pipes(pid: u32) -> std::collections::BTreeSet<String> {
         .map(|l| l.to_string_lossy().into_owned())
         .filter(|l| l.starts_with("pipe:"))
         .collect()
-}
-
-fn read_pid(file: &Path) -> Option<i32> {
-    std::fs::read_to_string(file).ok()?.trim().parse().ok()
 }
 
 /// Kills the helpers the handlers left in their own sessions (berth does
@@ -167,7 +104,7 @@ fn a_timeout_bounds_the_attempt_whatever_the_handlers_helpers_hold() {
             .map(|n| root.path().join(format!("{n}.pid")))
             .collect(),
     );
-    let d = start(root.path());
+    let d = Daemon::start_in(root.path());
     // Pipes it may have inherited from whoever runs the test.
     let pipes_before = pipes(d.child.id());
     let begin = Instant::now();
@@ -186,11 +123,11 @@ fn a_timeout_bounds_the_attempt_whatever_the_handlers_helpers_hold() {
     let group = enqueue(&d.dir, "d", "group", NULL);
     let all = [timeout, next, exits, stdin, group];
     wait_for("every task to finish", || {
-        all.iter().all(|id| finished(&show(&d.dir, *id)))
+        all.iter().all(|id| finished(&task_json(&d.dir, *id)))
     });
     let took = begin.elapsed();
 
-    let t = show(&d.dir, timeout);
+    let t = task_json(&d.dir, timeout);
     assert_eq!(t["status"], "failed", "one attempt: a dead letter: {t}");
     assert_eq!(t["last_failure"], "timed out after 3s");
     let ms = attempt_ms(&t);
@@ -198,7 +135,7 @@ fn a_timeout_bounds_the_attempt_whatever_the_handlers_helpers_hold() {
         (3000..4500).contains(&ms),
         "the attempt ends at its timeout, not when the helper lets go: {ms} ms"
     );
-    let t = show(&d.dir, next);
+    let t = task_json(&d.dir, next);
     assert_eq!(t["status"], "succeeded", "the queue moved on: {t}");
     assert_eq!(t["result"], "next ran");
     assert!(
@@ -209,7 +146,7 @@ fn a_timeout_bounds_the_attempt_whatever_the_handlers_helpers_hold() {
     // Exit 0 with stdout (or stdin) still held: the exit status counts,
     // and the attempt ends within the drain window, not at the timeout.
     for id in [exits, stdin] {
-        let t = show(&d.dir, id);
+        let t = task_json(&d.dir, id);
         assert_eq!(t["status"], "succeeded", "{t}");
         assert_eq!(t["result"], "started");
         let ms = attempt_ms(&t);
@@ -222,7 +159,7 @@ fn a_timeout_bounds_the_attempt_whatever_the_handlers_helpers_hold() {
     }
 
     // What stays in the handler's process group is killed once it ends.
-    let t = show(&d.dir, group);
+    let t = task_json(&d.dir, group);
     assert_eq!(t["status"], "succeeded", "{t}");
     assert!(attempt_ms(&t) < 2500, "{t}");
     let pid = read_pid(&root.path().join("group.pid")).expect("the group's sleep wrote its pid");
@@ -349,7 +286,7 @@ fn task_show_line(dir: &Path, id: u64) -> String {
 fn any_result_can_be_read_back_the_same_with_and_without_the_daemon() {
     let root = tempdir();
     write_config(root.path(), "1m");
-    let mut d = start(root.path());
+    let mut d = Daemon::start_in(root.path());
     // 70 MB on stdout: over the 64 MiB read limit, cut while it is read.
     let huge = enqueue(&d.dir, "a", "huge", NULL);
     // 12 MB of \x01: read whole, but 72 MB as JSON ("\u0001" each).
@@ -358,7 +295,7 @@ fn any_result_can_be_read_back_the_same_with_and_without_the_daemon() {
     let big = enqueue(&d.dir, "c", "big", NULL);
     let all = [huge, escapes, big];
     wait_for("the three tasks to finish", || {
-        all.iter().all(|id| finished(&show(&d.dir, *id)))
+        all.iter().all(|id| finished(&task_json(&d.dir, *id)))
     });
     let online: Vec<(String, String)> = all.iter().map(|id| show_both(&d.dir, *id)).collect();
     // The daemon sends a result stored compressed as it is stored.
@@ -369,11 +306,8 @@ fn any_result_can_be_read_back_the_same_with_and_without_the_daemon() {
         line.len()
     );
     // Stopped: the CLI reads the data dir itself.
-    // SAFETY: kill(2) on the daemon this test started.
-    unsafe {
-        libc::kill(d.child.id() as i32, libc::SIGTERM);
-    }
-    let status = d.child.wait().expect("wait for the daemon");
+    d.signal(libc::SIGTERM);
+    let (status, _) = d.wait_exit(Duration::from_secs(20));
     assert!(status.success(), "{status:?}");
     assert!(!d.dir.join("berth.sock").exists());
     for (id, (json, text)) in all.iter().zip(&online) {

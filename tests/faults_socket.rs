@@ -6,14 +6,13 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{Receiver, channel};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{berth, berth_bin, forward_lines, stderr, stdout, tempdir, wait_for};
+use common::daemon::{Daemon, write_root};
+use common::{berth, berth_bin, enqueue_id, stderr, stdout, task_json, tempdir, wait_for};
 
 const HANDLER: &str = r#"#!/bin/sh
 # short: sleeps a little and succeeds; long: runs until killed.
@@ -24,147 +23,54 @@ case "$BERTH_TASK_NAME" in
 esac
 "#;
 
-/// A daemon started by a test; killed if the test ends without stopping it.
-struct Daemon {
-    child: Child,
-    dir: PathBuf,
-    /// The daemon's log lines (stderr).
-    log: Receiver<String>,
+/// A field of /proc/PID/status, such as `Threads` or `VmHWM`.
+fn status_field(d: &Daemon, name: &str) -> u64 {
+    let text =
+        std::fs::read_to_string(format!("/proc/{}/status", d.pid())).expect("/proc/PID/status");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}:")))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in /proc/PID/status"))
 }
 
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+fn threads(d: &Daemon) -> u64 {
+    status_field(d, "Threads")
 }
 
-impl Daemon {
-    fn pid(&self) -> i32 {
-        self.child.id() as i32
-    }
-
-    fn signal(&self, sig: i32) {
-        // SAFETY: kill(2) on our own child's pid.
-        let r = unsafe { libc::kill(self.pid(), sig) };
-        assert_eq!(r, 0, "kill({}, {sig})", self.pid());
-    }
-
-    /// Waits until a log line contains `text`.
-    fn wait_log(&self, text: &str) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.log.recv_timeout(left) {
-                Ok(line) if line.contains(text) => return,
-                Ok(_) => {}
-                Err(e) => panic!("no log line with {text:?}: {e}"),
-            }
-        }
-    }
-
-    /// Waits for the daemon to exit; returns its exit code (None if killed
-    /// by a signal) and how long it took.
-    fn wait_exit(&mut self, within: Duration) -> (Option<i32>, Duration) {
-        let start = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                return (status.code(), start.elapsed());
-            }
-            assert!(
-                start.elapsed() < within,
-                "the daemon did not exit within {within:?}"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-
-    /// A field of /proc/PID/status, such as `Threads` or `VmHWM`.
-    fn status_field(&self, name: &str) -> u64 {
-        let text = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
-            .expect("/proc/PID/status");
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("{name}:")))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in /proc/PID/status"))
-    }
-
-    fn threads(&self) -> u64 {
-        self.status_field("Threads")
-    }
-
-    /// The daemon's connection threads (named `berth-conn`).
-    fn connection_threads(&self) -> usize {
-        std::fs::read_dir(format!("/proc/{}/task", self.pid()))
-            .expect("/proc/PID/task")
-            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-            .filter(|comm| comm.trim() == "berth-conn")
-            .count()
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.dir.join("berth.sock")
-    }
+/// The daemon's connection threads (named `berth-conn`).
+fn connection_threads(d: &Daemon) -> usize {
+    std::fs::read_dir(format!("/proc/{}/task", d.pid()))
+        .expect("/proc/PID/task")
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|comm| comm.trim() == "berth-conn")
+        .count()
 }
 
 fn write_config(root: &Path, grace: &str) -> PathBuf {
-    let hook = root.join("hook.sh");
-    std::fs::write(&hook, HANDLER).expect("write hook");
-    std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let cfg = root.join("berth.toml");
-    std::fs::write(
-        &cfg,
-        format!(
+    write_root(
+        root,
+        HANDLER,
+        &format!(
             "data_dir = \"data\"\ngrace = \"{grace}\"\n[handlers.Sh]\ncommand = [\"./hook.sh\"]\ntimeout = \"2m\"\n"
         ),
     )
-    .expect("write config");
-    cfg
 }
 
 fn start(root: &Path) -> Daemon {
     start_with(root, |_| {})
 }
 
-/// Starts `berth run`; `setup` may adjust the command (limits, environment).
+/// Starts `berth run` on ROOT/berth.toml, with its data dir ROOT/data;
+/// `setup` may adjust the command (limits, environment).
 fn start_with(root: &Path, setup: impl FnOnce(&mut Command)) -> Daemon {
-    let mut cmd = Command::new(berth_bin());
-    cmd.args(["run", "--config"])
-        .arg(root.join("berth.toml"))
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    setup(&mut cmd);
-    let mut child = cmd.spawn().expect("start berth run");
-    let err = child.stderr.take().expect("stderr");
-    let (tx, log) = channel();
-    std::thread::spawn(move || forward_lines(err, tx));
-    let dir = root.join("data");
-    let d = Daemon { child, dir, log };
+    let d = Daemon::start_with(&root.join("berth.toml"), &root.join("data"), &[], setup);
     d.wait_log("berth running on");
-    wait_for("the daemon's socket", || {
-        UnixStream::connect(d.socket()).is_ok()
-    });
     d
 }
 
 fn enqueue(dir: &Path, queue: &str, name: &str) -> u64 {
-    let o = berth(
-        dir,
-        &["enqueue", "--queue", queue, "--kind", "Sh", "--name", name],
-    );
-    assert!(o.status.success(), "{}", stderr(&o));
-    stdout(&o)
-        .trim()
-        .parse()
-        .unwrap_or_else(|e| panic!("enqueue printed {:?}: {e}", stdout(&o)))
-}
-
-fn show(dir: &Path, id: u64) -> serde_json::Value {
-    let o = berth(dir, &["task", "show", &id.to_string(), "-o", "json"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    serde_json::from_slice(&o.stdout).expect("task show -o json prints JSON")
+    enqueue_id(dir, &["--queue", queue, "--kind", "Sh", "--name", name])
 }
 
 /// One request and its answer over a connection.
@@ -205,7 +111,7 @@ fn unknown_fields_are_refused_for_every_request() {
         .find(|q| q["name"] == "q")
         .expect("queue q is listed");
     assert_eq!(q["tasks"].as_array().map(Vec::len), Some(1), "{a}");
-    assert_eq!(show(&d.dir, id)["id"], id);
+    assert_eq!(task_json(&d.dir, id)["id"], id);
 }
 
 #[test]
@@ -215,14 +121,14 @@ fn sighup_stops_gracefully_like_sigterm() {
     let mut d = start(root.path());
     let id = enqueue(&d.dir, "q", "short");
     wait_for("the task to run", || {
-        show(&d.dir, id)["status"] == "running"
+        task_json(&d.dir, id)["status"] == "running"
     });
     d.signal(libc::SIGHUP);
     d.wait_log("stopping: no new tasks start");
-    let (code, _) = d.wait_exit(Duration::from_secs(20));
+    let code = d.wait_exit(Duration::from_secs(20)).0.code();
     assert_eq!(code, Some(0), "SIGHUP stops the daemon with code 0");
     // The running task was allowed to finish (the data dir is read offline now).
-    assert_eq!(show(&d.dir, id)["status"], "succeeded");
+    assert_eq!(task_json(&d.dir, id)["status"], "succeeded");
 }
 
 #[test]
@@ -232,13 +138,13 @@ fn a_second_sighup_exits_at_once() {
     let mut d = start(root.path());
     let id = enqueue(&d.dir, "q", "long");
     wait_for("the task to run", || {
-        show(&d.dir, id)["status"] == "running"
+        task_json(&d.dir, id)["status"] == "running"
     });
     d.signal(libc::SIGHUP);
     d.wait_log("stopping: no new tasks start");
     let started = Instant::now();
     d.signal(libc::SIGHUP);
-    let (code, _) = d.wait_exit(Duration::from_secs(10));
+    let code = d.wait_exit(Duration::from_secs(10)).0.code();
     assert_eq!(code, Some(1), "a second signal exits at once with code 1");
     assert!(
         started.elapsed() < Duration::from_secs(10),
@@ -246,7 +152,7 @@ fn a_second_sighup_exits_at_once() {
     );
     // The task was left running: reading shows it so, and the next open
     // to write recovers it.
-    assert_eq!(show(&d.dir, id)["status"], "running");
+    assert_eq!(task_json(&d.dir, id)["status"], "running");
     let store = berth::store::Store::open(
         &d.dir,
         berth::store::Options::default(),
@@ -309,7 +215,7 @@ fn a_client_that_does_not_read_and_a_thousand_idle_connections_cannot_hold_the_d
     let root = tempdir();
     write_config(root.path(), "2s");
     let mut d = start(root.path());
-    let base = d.threads();
+    let base = threads(&d);
     // A client that sends queue_list over and over and never reads: once its
     // answers fill both socket buffers, the daemon cannot write the next one.
     let mut hog = UnixStream::connect(d.socket()).expect("connect");
@@ -321,14 +227,14 @@ fn a_client_that_does_not_read_and_a_thousand_idle_connections_cannot_hold_the_d
         assert!(sent < 10_000_000, "the daemon never stopped reading");
     }
     // A thousand connections at once, which never send anything.
-    let mut max_threads = d.threads();
-    let mut max_conn_threads = d.connection_threads();
+    let mut max_threads = threads(&d);
+    let mut max_conn_threads = connection_threads(&d);
     let mut idle = Vec::new();
     for i in 0..1000 {
         idle.push(UnixStream::connect(d.socket()).expect("connect"));
         if i % 50 == 0 {
-            max_threads = max_threads.max(d.threads());
-            max_conn_threads = max_conn_threads.max(d.connection_threads());
+            max_threads = max_threads.max(threads(&d));
+            max_conn_threads = max_conn_threads.max(connection_threads(&d));
         }
     }
     // A normal command still works: its connection takes the place of an
@@ -339,8 +245,8 @@ fn a_client_that_does_not_read_and_a_thousand_idle_connections_cannot_hold_the_d
     let cli_took = t.elapsed();
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains("Summary:"), "{}", stdout(&o));
-    max_threads = max_threads.max(d.threads());
-    max_conn_threads = max_conn_threads.max(d.connection_threads());
+    max_threads = max_threads.max(threads(&d));
+    max_conn_threads = max_conn_threads.max(connection_threads(&d));
     let id = enqueue(&d.dir, "q", "x");
     // One thread per connection, at most 64 of them, plus the few that have
     // let go of their connection and are still ending; the rest of the
@@ -370,15 +276,15 @@ fn a_client_that_does_not_read_and_a_thousand_idle_connections_cannot_hold_the_d
     // The stop ends every connection, the stuck writer too, within the grace period + 2 s.
     let t = Instant::now();
     d.signal(libc::SIGTERM);
-    let (code, took) = d.wait_exit(Duration::from_secs(4));
-    assert_eq!(code, Some(0));
+    let (status, took) = d.wait_exit(Duration::from_secs(4));
+    assert_eq!(status.code(), Some(0));
     eprintln!(
         "threads: base {base}, at most {max_threads} ({max_conn_threads} for connections) with 1,000 idle \
          connections and a non-reading client ({sent} requests sent); queue list took {cli_took:?}; \
          the stop took {took:?} ({:?})",
         t.elapsed()
     );
-    assert_eq!(show(&d.dir, id)["status"], "succeeded");
+    assert_eq!(task_json(&d.dir, id)["status"], "succeeded");
     drop((hog, idle));
 }
 
@@ -428,7 +334,7 @@ fn when_every_connection_is_busy_the_cli_says_so_with_exit_3() {
     let o = berth(&d.dir, &["queue", "list"]);
     assert!(o.status.success(), "{}", stderr(&o));
     d.signal(libc::SIGTERM);
-    assert_eq!(d.wait_exit(Duration::from_secs(4)).0, Some(0));
+    assert_eq!(d.wait_exit(Duration::from_secs(4)).0.code(), Some(0));
 }
 
 #[test]
@@ -436,7 +342,7 @@ fn unfinished_requests_cannot_fill_the_daemons_memory() {
     let root = tempdir();
     write_config(root.path(), "2s");
     let mut d = start(root.path());
-    let base = d.status_field("VmHWM");
+    let base = status_field(&d, "VmHWM");
     // Eight clients each send 60 MiB of a request line and no newline.
     let clients: Vec<_> = (0..8)
         .map(|_| {
@@ -463,7 +369,7 @@ fn unfinished_requests_cannot_fill_the_daemons_memory() {
             Err(line) => refused.push(line),
         }
     }
-    let peak = d.status_field("VmHWM");
+    let peak = status_field(&d, "VmHWM");
     assert!(held.len() <= 2, "{} clients hold 60 MiB each", held.len());
     for line in &refused {
         assert!(
@@ -492,7 +398,7 @@ fn unfinished_requests_cannot_fill_the_daemons_memory() {
         assert!(line.contains("\"code\":2"), "{line}");
     }
     d.signal(libc::SIGTERM);
-    assert_eq!(d.wait_exit(Duration::from_secs(4)).0, Some(0));
+    assert_eq!(d.wait_exit(Duration::from_secs(4)).0.code(), Some(0));
 }
 
 #[test]
@@ -565,7 +471,7 @@ fn out_of_file_descriptors_the_daemon_backs_off_instead_of_spinning() {
     let o = berth(&d.dir, &["queue", "list"]);
     assert!(o.status.success(), "{}", stderr(&o));
     d.signal(libc::SIGTERM);
-    assert_eq!(d.wait_exit(Duration::from_secs(4)).0, Some(0));
+    assert_eq!(d.wait_exit(Duration::from_secs(4)).0.code(), Some(0));
 }
 
 #[test]

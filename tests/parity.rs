@@ -19,17 +19,7 @@ use berth::store::{Options, Placement, Store};
 use berth::task::Status;
 use berth::task::TaskSpec;
 use common::daemon::Daemon;
-use common::{stderr, stdout};
-
-fn berth_in(dir: &Path, args: &[&str]) -> Output {
-    Command::new(common::berth_bin())
-        .arg("--data-dir")
-        .arg(dir)
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run berth")
-}
+use common::{berth, stderr, stdout};
 
 fn spec(queue: &str, kind: &str, name: &str) -> TaskSpec {
     TaskSpec {
@@ -109,8 +99,8 @@ fn normalize(text: &str) -> String {
 }
 
 fn compare(a: &Path, b: &Path, args: &[&str]) -> Output {
-    let direct = berth_in(a, args);
-    let through = berth_in(b, args);
+    let direct = berth(a, args);
+    let through = berth(b, args);
     assert_eq!(
         direct.status.code(),
         through.status.code(),
@@ -141,7 +131,7 @@ fn every_command_answers_the_same_with_and_without_a_daemon() {
     assert!(o.status.success());
     let _daemon = Daemon::start(&config(root.path()), &b, &[]);
     common::wait_for("the holders to run", || {
-        stdout(&berth_in(&b, &["task", "show", "1", "-o", "json"])).contains("\"running\"")
+        stdout(&berth(&b, &["task", "show", "1", "-o", "json"])).contains("\"running\"")
     });
 
     // Reads.

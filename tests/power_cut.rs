@@ -10,16 +10,17 @@
 
 mod common;
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
-use berth::store::{Options, Placement, Store};
+use berth::store::{Options, Store};
 use berth::task::TaskSpec;
+use common::daemon::Daemon;
 use common::lazyfs::LazyFs;
+use common::producer;
 
 const DIR_VAR: &str = "BERTH_POWER_CHILD_DIR";
 /// Acknowledgements to collect before the cut.
@@ -42,31 +43,20 @@ fn noise(len: usize, seed: u64) -> String {
 /// Enqueues forever (every 10th task with a 200 KiB payload), printing each
 /// id after its commit returned.
 fn produce(store: &Store, thread: u64) -> ! {
-    for i in 0u64.. {
+    producer::produce(store, |i| {
         let payload = if i % 10 == 3 {
             serde_json::json!({ "blob": noise(200_000, i) })
         } else {
             serde_json::json!({ "thread": thread, "i": i })
         };
-        let spec = TaskSpec {
+        TaskSpec {
             queue: "main".into(),
             kind: "PowerCut".into(),
             name: format!("t{thread}-{i}"),
             payload,
             ..Default::default()
-        };
-        let task = spec
-            .into_task(store.clock().now_ms(), store.budget())
-            .expect("into_task");
-        let mut w = store.write();
-        let id = w.enqueue(task, Some(Placement::Last)).expect("enqueue");
-        w.commit().expect("commit");
-        let mut out = std::io::stdout().lock();
-        out.write_all(format!("{id}\n").as_bytes())
-            .and_then(|()| out.flush())
-            .expect("stdout");
-    }
-    unreachable!()
+        }
+    })
 }
 
 /// The child of `a_store_held_open_survives_a_power_cut`; does nothing otherwise.
@@ -77,7 +67,7 @@ fn power_child() {
     };
     let store = Store::open(Path::new(&dir), Options::default(), berth::clock::system())
         .expect("open on LazyFS");
-    println!();
+    producer::end_libtest_line();
     std::thread::scope(|s| {
         let store = &store;
         s.spawn(move || produce(store, 1));
@@ -85,19 +75,11 @@ fn power_child() {
     });
 }
 
-/// Collects pure-number lines from a child's stdout.
+/// The ids the child acknowledges on its stdout.
 fn collect_ids(child: &mut Child) -> mpsc::Receiver<u64> {
     let (tx, rx) = mpsc::channel();
-    let (lines_tx, lines) = mpsc::channel();
     let out = child.stdout.take().expect("piped stdout");
-    std::thread::spawn(move || common::forward_lines(out, lines_tx));
-    std::thread::spawn(move || {
-        for l in lines {
-            if !l.is_empty() && l.bytes().all(|b| b.is_ascii_digit()) {
-                let _ = tx.send(l.parse().expect("digits"));
-            }
-        }
-    });
+    std::thread::spawn(move || producer::read_ids(out, tx));
     rx
 }
 
@@ -150,14 +132,21 @@ fn check_survivors(dir: &Path, acked: &[u64]) {
     );
 }
 
-#[test]
-fn a_store_held_open_survives_a_power_cut() {
-    let mut fs = match LazyFs::mount() {
-        Ok(fs) => fs,
+/// LazyFS mounted, or `None` (with the reason printed) where it cannot be.
+fn mount_or_skip() -> Option<LazyFs> {
+    match LazyFs::mount() {
+        Ok(fs) => Some(fs),
         Err(why) => {
             eprintln!("skipped: {why}");
-            return;
+            None
         }
+    }
+}
+
+#[test]
+fn a_store_held_open_survives_a_power_cut() {
+    let Some(mut fs) = mount_or_skip() else {
+        return;
     };
     let mut child = Command::new(std::env::current_exe().expect("current_exe"))
         .args(["--exact", "power_child", "--nocapture", "--test-threads=1"])
@@ -205,12 +194,8 @@ fn write_config(dir: &Path, data: &Path) -> PathBuf {
 
 #[test]
 fn a_daemon_survives_a_power_cut() {
-    let mut fs = match LazyFs::mount() {
-        Ok(fs) => fs,
-        Err(why) => {
-            eprintln!("skipped: {why}");
-            return;
-        }
+    let Some(mut fs) = mount_or_skip() else {
+        return;
     };
     // The socket cannot live on LazyFS: only the database does.
     let tmp = common::tempdir();
@@ -219,17 +204,7 @@ fn a_daemon_survives_a_power_cut() {
     std::fs::create_dir(fs.mnt.join("db")).expect("db on LazyFS");
     std::os::unix::fs::symlink(fs.mnt.join("db"), data.join("db")).expect("symlink");
     let config = write_config(tmp.path(), &data);
-    let mut daemon = Command::new(common::berth_bin())
-        .arg("run")
-        .arg("--config")
-        .arg(&config)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawning the daemon");
-    common::wait_for("the daemon's socket", || data.join("berth.sock").exists());
+    let mut daemon = Daemon::start(&config, &data, &[]);
 
     let acked = Arc::new(Mutex::new(Vec::new()));
     let stop = Arc::new(AtomicBool::new(false));
@@ -269,10 +244,10 @@ fn a_daemon_survives_a_power_cut() {
         acked.lock().expect("acked").len() >= ACKS
     });
     stop.store(true, Ordering::SeqCst);
-    signal(&daemon, libc::SIGSTOP);
+    daemon.signal(libc::SIGSTOP);
     fs.power_cut();
-    signal(&daemon, libc::SIGKILL);
-    let _ = daemon.wait();
+    daemon.signal(libc::SIGKILL);
+    daemon.wait_exit(Duration::from_secs(60));
     for c in clients {
         c.join().expect("client");
     }

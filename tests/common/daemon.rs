@@ -6,6 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+/// How long a daemon may take to start, or to log a line a test waits for.
+const PATIENCE: Duration = Duration::from_secs(20);
+
 pub struct Daemon {
     pub child: Child,
     /// Its data dir.
@@ -19,35 +22,52 @@ impl Daemon {
     /// dir `dir`, logging to `DIR/../daemon-N.log`; waits until its socket
     /// answers.
     pub fn start(config: &Path, dir: &Path, extra: &[&str]) -> Daemon {
-        let d = Daemon::spawn(config, dir, extra);
-        let sock = dir.join("berth.sock");
+        Daemon::start_with(config, dir, extra, |_| {})
+    }
+
+    /// Starts ROOT/berth.toml on the data dir ROOT/data (see [`write_root`]).
+    pub fn start_in(root: &Path) -> Daemon {
+        Daemon::start(&root.join("berth.toml"), &root.join("data"), &[])
+    }
+
+    /// [`Daemon::start`], with `setup` adjusting the command first (limits,
+    /// environment).
+    pub fn start_with(
+        config: &Path,
+        dir: &Path,
+        extra: &[&str],
+        setup: impl FnOnce(&mut Command),
+    ) -> Daemon {
+        let mut d = Daemon::spawn_with(config, dir, extra, setup);
         let start = Instant::now();
-        let mut d = d;
-        while UnixStream::connect(&sock).is_err() {
+        while UnixStream::connect(d.socket()).is_err() {
             if let Ok(Some(status)) = d.child.try_wait() {
-                panic!(
-                    "the daemon exited at start ({status}):\n{}",
-                    std::fs::read_to_string(&d.log).unwrap_or_default()
-                );
+                panic!("the daemon exited at start ({status}):\n{}", d.log_text());
             }
             assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "the daemon's socket did not answer within 20 s"
+                start.elapsed() < PATIENCE,
+                "the daemon's socket did not answer within {PATIENCE:?}"
             );
             std::thread::sleep(Duration::from_millis(2));
         }
         d
     }
 
-    /// Starts it without waiting for anything.
-    pub fn spawn(config: &Path, dir: &Path, extra: &[&str]) -> Daemon {
+    /// Starts it, with `setup` adjusting the command first, without waiting
+    /// for anything.
+    pub fn spawn_with(
+        config: &Path,
+        dir: &Path,
+        extra: &[&str],
+        setup: impl FnOnce(&mut Command),
+    ) -> Daemon {
         let parent = dir.parent().unwrap_or(dir);
         let log = (0..)
             .map(|n| parent.join(format!("daemon-{n}.log")))
             .find(|p| !p.exists())
             .expect("a log name");
-        let child = Command::new(super::berth_bin())
-            .arg("--data-dir")
+        let mut cmd = Command::new(super::berth_bin());
+        cmd.arg("--data-dir")
             .arg(dir)
             .args(["run", "--config"])
             .arg(config)
@@ -55,9 +75,9 @@ impl Daemon {
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("daemon log"))
-            .spawn()
-            .expect("spawning berth run");
+            .stderr(std::fs::File::create(&log).expect("daemon log"));
+        setup(&mut cmd);
+        let child = cmd.spawn().expect("spawning berth run");
         Daemon {
             child,
             dir: dir.to_path_buf(),
@@ -69,11 +89,16 @@ impl Daemon {
         self.child.id() as i32
     }
 
+    /// Its control socket.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join("berth.sock")
+    }
+
+    /// Sends it `sig`, which must reach it.
     pub fn signal(&self, sig: i32) {
         // SAFETY: kill(2) on our own child.
-        unsafe {
-            libc::kill(self.pid(), sig);
-        }
+        let r = unsafe { libc::kill(self.pid(), sig) };
+        assert_eq!(r, 0, "kill({}, {sig})", self.pid());
     }
 
     /// Waits for it to exit, at most `limit`; panics (with its log) if it
@@ -96,6 +121,18 @@ impl Daemon {
         }
     }
 
+    /// Waits until its log has a line that contains `text`.
+    pub fn wait_log(&self, text: &str) {
+        let start = Instant::now();
+        while !self.log_text().lines().any(|l| l.contains(text)) {
+            assert!(
+                start.elapsed() < PATIENCE,
+                "no log line with {text:?} within {PATIENCE:?}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
@@ -109,4 +146,21 @@ impl Drop for Daemon {
             eprintln!("--- the daemon's log ---\n{}", self.log_text());
         }
     }
+}
+
+/// Lays out a daemon's folder ROOT: the handler ROOT/hook.sh and the config
+/// ROOT/berth.toml (whose `data_dir = "data"` is ROOT/data). Returns the
+/// config's path.
+pub fn write_root(root: &Path, hook: &str, config: &str) -> PathBuf {
+    write_script(&root.join("hook.sh"), hook);
+    let cfg = root.join("berth.toml");
+    std::fs::write(&cfg, config).expect("write the config");
+    cfg
+}
+
+/// Writes an executable script (a handler) to `path`.
+pub fn write_script(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).expect("write the script");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
 }

@@ -4,6 +4,7 @@
 
 pub mod daemon;
 pub mod lazyfs;
+pub mod producer;
 pub mod tmpfs;
 
 use std::path::{Path, PathBuf};
@@ -51,6 +52,25 @@ pub fn berth(dir: &Path, args: &[&str]) -> Output {
         .env("RUST_LOG", "warn")
         .output()
         .expect("run berth")
+}
+
+/// Runs `berth --data-dir DIR enqueue ARGS...`, which must succeed; returns
+/// the id it printed.
+pub fn enqueue_id(dir: &Path, args: &[&str]) -> u64 {
+    let o = berth(dir, &[&["enqueue"], args].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    text.trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("enqueue printed {text:?}: {e}"))
+}
+
+/// `berth --data-dir DIR task show ID -o json`, which must succeed.
+pub fn task_json(dir: &Path, id: u64) -> serde_json::Value {
+    let o = berth(dir, &["task", "show", &id.to_string(), "-o", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("task show printed {:?}: {e}", stdout(&o)))
 }
 
 pub fn stdout(o: &Output) -> String {
@@ -203,4 +223,34 @@ pub fn forward_lines(out: impl std::io::Read, tx: std::sync::mpsc::Sender<String
             return;
         }
     }
+}
+
+/// Reads all a child process prints on `out` (its stderr, say) on a thread
+/// of its own; join it for the text.
+pub fn read_in_background(
+    mut out: impl std::io::Read + Send + 'static,
+) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    })
+}
+
+/// Whether process `pid` runs: it exists and is not a zombie.
+pub fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            !s.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+        .unwrap_or(false)
+}
+
+/// The pid a process wrote to `file`, once it has.
+pub fn read_pid(file: &Path) -> Option<i32> {
+    std::fs::read_to_string(file).ok()?.trim().parse().ok()
 }
