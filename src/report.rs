@@ -9,20 +9,65 @@
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::budget::{Blob, Budget};
 use crate::queues::{MAIN, natural_cmp, parallel_queue};
 use crate::store::Store;
-use crate::task::Task;
+use crate::task::{Status, Task};
+use crate::units::{format_age, format_time};
 
 /// One queue as shown.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueueView {
     pub name: String,
     pub status: String,
-    /// Task descriptions, head first.
-    pub tasks: Vec<String>,
+    /// The tasks, head first.
+    pub tasks: Vec<QueueTask>,
+}
+
+/// One task in a queue, as `queue list` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct QueueTask {
+    pub id: u64,
+    /// addon-operator's line: `Kind:queue:name[:description][:failures N[:message]]`.
+    pub description: String,
+    pub kind: String,
+    pub name: String,
+    /// `queued`, `running`, ..., or `corrupt` when its record cannot be read.
+    pub status: String,
+    pub attempts: u32,
+    pub failures: u32,
+}
+
+impl QueueTask {
+    fn of(id: u64, task: Result<Option<Task>, crate::store::ReadError>) -> QueueTask {
+        let broken = |description: String| QueueTask {
+            id,
+            description,
+            kind: String::new(),
+            name: String::new(),
+            status: "corrupt".into(),
+            attempts: 0,
+            failures: 0,
+        };
+        match task {
+            Ok(Some(t)) => QueueTask {
+                id,
+                description: t.description_line(),
+                status: t.status.as_str().into(),
+                attempts: t.attempts,
+                failures: t.failures,
+                kind: t.kind,
+                name: t.name,
+            },
+            Ok(None) => broken(format!(
+                "<task {id} is in the queue but its record is missing>"
+            )),
+            Err(e) => broken(format!("<corrupt task {id}: {e}>")),
+        }
+    }
 }
 
 /// Reads the queue set from the store: `main`, the parallel queues, and
@@ -46,11 +91,7 @@ pub fn snapshot(
             let tasks = store
                 .queue_ids(&name)
                 .into_iter()
-                .map(|id| match store.live_task(id) {
-                    Ok(Some(t)) => t.description_line(),
-                    Ok(None) => format!("<task {id} is in the queue but its record is missing>"),
-                    Err(e) => format!("<corrupt task {id}: {e}>"),
-                })
+                .map(|id| QueueTask::of(id, store.live_task(id)))
                 .collect();
             QueueView {
                 status: status(&name),
@@ -96,12 +137,8 @@ pub fn views_from_json(v: &Value) -> Result<Vec<QueueView>, String> {
             Ok(QueueView {
                 name: s("name")?,
                 status: s("status")?,
-                tasks: q["tasks"]
-                    .as_array()
-                    .ok_or("queue list: missing tasks")?
-                    .iter()
-                    .map(|t| t.as_str().unwrap_or_default().to_string())
-                    .collect(),
+                tasks: serde_json::from_value(q["tasks"].clone())
+                    .map_err(|e| format!("queue list: tasks: {e}"))?,
             })
         })
         .collect()
@@ -151,8 +188,8 @@ pub fn render_text(queues: &[QueueView], show_empty: bool) -> String {
             q.tasks.len(),
             q.status
         ));
-        for (i, d) in q.tasks.iter().enumerate() {
-            out.push_str(&format!("{:2}. {}\n", i + 1, d));
+        for (i, t) in q.tasks.iter().enumerate() {
+            out.push_str(&format!("{:2}. {}\n", i + 1, t.description));
         }
         if !q.tasks.is_empty() {
             out.push('\n');
@@ -195,7 +232,16 @@ pub fn render_json(queues: &[QueueView]) -> serde_json::Value {
             "tasksCount": q.tasks.len(),
             "status": q.status,
             "tasks": q.tasks.iter().enumerate()
-                .map(|(i, d)| json!({"index": i + 1, "description": d}))
+                .map(|(i, t)| json!({
+                    "index": i + 1,
+                    "description": t.description,
+                    "id": t.id,
+                    "kind": t.kind,
+                    "name": t.name,
+                    "status": t.status,
+                    "attempts": t.attempts,
+                    "failures": t.failures,
+                }))
                 .collect::<Vec<_>>(),
         })
     };
@@ -325,7 +371,7 @@ pub fn task_from_wire(mut j: Value) -> Value {
 
 /// A whole task as text, one `key: value` line per field, payload last.
 /// `j` is what [`task_json`] made (locally or in a daemon).
-pub fn task_text(j: &serde_json::Value) -> String {
+pub fn task_text(j: &serde_json::Value, now_ms: u64) -> String {
     let mut out = String::new();
     let order = [
         "id",
@@ -353,6 +399,13 @@ pub fn task_text(j: &serde_json::Value) -> String {
         let v = &j[k];
         let text = match v {
             serde_json::Value::Null => continue,
+            serde_json::Value::Number(n) if k.ends_with("_at") => match n.as_u64() {
+                Some(ms) if ms <= now_ms => {
+                    format!("{} ({} ago)", format_time(ms), format_age(ms, now_ms))
+                }
+                Some(ms) => format!("{} (in {})", format_time(ms), format_age(now_ms, ms)),
+                None => n.to_string(),
+            },
             serde_json::Value::String(s) => s.clone(),
             serde_json::Value::Array(a) if a.is_empty() => continue,
             other => other.to_string(),
@@ -368,6 +421,180 @@ pub fn task_text(j: &serde_json::Value) -> String {
     out
 }
 
+/// Where a task is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Place {
+    /// In a queue (its position is set).
+    Queue,
+    /// Live but in no queue: a group child waiting for its parent.
+    Waiting,
+    /// Finished, in the history.
+    History,
+}
+
+/// One task as `task list` shows it: plain fields, no payload or result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskRow {
+    pub id: u64,
+    pub queue: String,
+    pub kind: String,
+    pub name: String,
+    pub description: Option<String>,
+    pub status: String,
+    pub place: Place,
+    /// 1 for the head of its queue.
+    pub position: Option<usize>,
+    /// A failed task in the history: it used up its attempts.
+    pub dead_letter: bool,
+    pub attempts: u32,
+    pub failures: u32,
+    pub last_failure: Option<String>,
+    pub queued_at: u64,
+    pub started_at: Option<u64>,
+    pub finished_at: Option<u64>,
+    pub retry_at: Option<u64>,
+    pub parent: Option<u64>,
+    pub children: Vec<u64>,
+    pub tags: Vec<String>,
+    pub target: Option<String>,
+}
+
+impl TaskRow {
+    pub fn new(t: Task, place: Place, position: Option<usize>) -> TaskRow {
+        TaskRow {
+            dead_letter: place == Place::History && t.status == Status::Failed,
+            status: t.status.as_str().into(),
+            id: t.id,
+            queue: t.queue,
+            kind: t.kind,
+            name: t.name,
+            description: t.description,
+            place,
+            position,
+            attempts: t.attempts,
+            failures: t.failures,
+            last_failure: t.last_failure,
+            queued_at: t.queued_at,
+            started_at: t.started_at,
+            finished_at: t.finished_at,
+            retry_at: t.retry_at,
+            parent: t.parent,
+            children: t.children,
+            tags: t.tags,
+            target: t.target,
+        }
+    }
+
+    /// Whether the row has the status word `s` (see `ops::TaskFilter::statuses`).
+    pub fn is(&self, s: &str) -> bool {
+        match s {
+            "dead" => self.dead_letter,
+            "waiting" => self.place == Place::Waiting,
+            "live" => self.place != Place::History,
+            "history" => self.place == Place::History,
+            status => self.status == status,
+        }
+    }
+}
+
+/// `task list`'s table: one line per task, the columns as wide as their
+/// widest cell; the last message is cut to fit `width` (a terminal's), or
+/// shown whole when there is no width (a pipe).
+pub fn render_task_table(rows: &[TaskRow], now_ms: u64, width: Option<usize>) -> String {
+    const HEAD: [&str; 9] = [
+        "ID", "QUEUE", "KIND", "NAME", "STATUS", "ATTEMPTS", "FAILURES", "WHEN", "MESSAGE",
+    ];
+    let cells: Vec<[String; 9]> = rows.iter().map(|r| task_cells(r, now_ms)).collect();
+    let mut widths = HEAD.map(str::len);
+    for c in &cells {
+        for (w, cell) in widths.iter_mut().zip(c.iter()) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |c: &[String; 9]| {
+        let mut l = String::new();
+        for (i, cell) in c.iter().enumerate().take(8) {
+            // Numbers right-aligned, text left-aligned.
+            match i {
+                0 | 5 | 6 => l.push_str(&format!("{:>w$}  ", cell, w = widths[i])),
+                _ => l.push_str(&format!("{:<w$}  ", cell, w = widths[i])),
+            }
+        }
+        let room = width.map(|w| w.saturating_sub(l.chars().count()));
+        l.push_str(&cut(&c[8], room));
+        l.trim_end().to_string() + "\n"
+    };
+    let mut out = line(&HEAD.map(String::from));
+    for c in &cells {
+        out.push_str(&line(c));
+    }
+    out
+}
+
+/// The widest a name gets in `task list`'s table.
+const NAME_WIDTH: usize = 40;
+
+fn task_cells(r: &TaskRow, now_ms: u64) -> [String; 9] {
+    let status = if r.dead_letter {
+        "dead".to_string()
+    } else if r.place == Place::Waiting {
+        "waiting".to_string()
+    } else {
+        r.status.clone()
+    };
+    let age = |ms| format_age(ms, now_ms);
+    let when = match (r.place, r.started_at, r.finished_at) {
+        (Place::History, Some(s), Some(f)) => format!(
+            "{} ago, took {}",
+            age(f),
+            crate::units::format_duration(std::time::Duration::from_millis(f.saturating_sub(s)))
+        ),
+        (Place::History, _, Some(f)) => format!("{} ago", age(f)),
+        (_, Some(s), _) if r.status == "running" => format!("running {}", age(s)),
+        (Place::Queue, _, _) => match (r.position, r.retry_at) {
+            (_, Some(t)) if t > now_ms => format!("retry in {}", format_age(now_ms, t)),
+            (Some(1), _) => format!("head, queued {} ago", age(r.queued_at)),
+            (Some(p), _) => format!("#{p}, queued {} ago", age(r.queued_at)),
+            (None, _) => format!("queued {} ago", age(r.queued_at)),
+        },
+        _ => format!("queued {} ago", age(r.queued_at)),
+    };
+    // Long names (a group's lists its children) are cut in the table; the
+    // JSON has them whole.
+    let name = cut(&r.name, Some(NAME_WIDTH));
+    let message = r
+        .last_failure
+        .as_deref()
+        .unwrap_or_default()
+        .lines()
+        .next()
+        .unwrap_or_default();
+    [
+        r.id.to_string(),
+        r.queue.clone(),
+        r.kind.clone(),
+        name,
+        status,
+        r.attempts.to_string(),
+        r.failures.to_string(),
+        when,
+        message.to_string(),
+    ]
+}
+
+/// `text` cut to `room` characters (with `…` when cut); whole without a limit.
+fn cut(text: &str, room: Option<usize>) -> String {
+    match room {
+        Some(n) if text.chars().count() > n => {
+            let mut s: String = text.chars().take(n.saturating_sub(1)).collect();
+            s.push('…');
+            s
+        }
+        _ => text.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -376,7 +603,19 @@ mod tests {
         QueueView {
             name: name.into(),
             status: status.into(),
-            tasks: tasks.iter().map(|s| s.to_string()).collect(),
+            tasks: tasks
+                .iter()
+                .enumerate()
+                .map(|(i, d)| QueueTask {
+                    id: i as u64 + 1,
+                    description: d.to_string(),
+                    kind: String::new(),
+                    name: String::new(),
+                    status: "queued".into(),
+                    attempts: 0,
+                    failures: 0,
+                })
+                .collect(),
         }
     }
 

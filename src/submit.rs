@@ -2,16 +2,37 @@
 //! nothing. Validation and the size budget are checked for every entry before
 //! anything is written; errors name the entry's index and field.
 
+use crate::budget::Budget;
 use crate::groups;
 use crate::store::{Placement, Store, WriteError, WriteTxn};
 use crate::task::{TaskBuildError, TaskSpec};
 
+/// Which entry of a batch (counted from 1, as people count), of how many.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    pub index: usize,
+    pub of: usize,
+}
+
+impl Entry {
+    /// The entry at 0-based `i` of `n`.
+    pub fn at(i: usize, n: usize) -> Self {
+        Entry { index: i, of: n }
+    }
+}
+
+impl std::fmt::Display for Entry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "entry {} of {}", self.index + 1, self.of)
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum EnqueueError {
     /// A spec broke a rule (bad input: nothing was written).
-    #[error("{}field {field}: {reason}", entry.map(|i| format!("entry {i}, ")).unwrap_or_default())]
+    #[error("{}field {field}: {reason}", entry.map(|e| format!("{e}, ")).unwrap_or_default())]
     Invalid {
-        entry: Option<usize>,
+        entry: Option<Entry>,
         field: &'static str,
         reason: String,
     },
@@ -21,7 +42,7 @@ pub enum EnqueueError {
 }
 
 impl EnqueueError {
-    fn from_build(entry: Option<usize>, e: TaskBuildError) -> Self {
+    fn from_build(entry: Option<Entry>, e: TaskBuildError) -> Self {
         let field = e.field();
         let reason = match e {
             TaskBuildError::Spec(s) => s.reason,
@@ -74,16 +95,17 @@ pub fn stage_batch(
     specs: Vec<TaskSpec>,
 ) -> Result<Vec<u64>, EnqueueError> {
     let now = store.clock().now_ms();
+    let n = specs.len();
     for (i, s) in specs.iter().enumerate() {
         s.validate()
-            .map_err(|e| EnqueueError::from_build(Some(i), e.into()))?;
+            .map_err(|e| EnqueueError::from_build(Some(Entry::at(i, n)), e.into()))?;
     }
     let plan = groups::plan_indices(&specs);
     let mut slots: Vec<Option<TaskSpec>> = specs.into_iter().map(Some).collect();
     let mut take = |i: usize| slots[i].take().expect("each index planned once");
     let build = |i: usize, spec: TaskSpec| {
         spec.into_task(now, store.budget())
-            .map_err(|e| EnqueueError::from_build(Some(i), e))
+            .map_err(|e| EnqueueError::from_build(Some(Entry::at(i, n)), e))
     };
     let mut ids = Vec::new();
     for run in plan {
@@ -106,6 +128,21 @@ pub fn stage_batch(
     Ok(ids)
 }
 
+/// Checks specs as enqueueing them would, without a store: every rule and
+/// the size budget (one spec: `entry` None in errors; several: a batch).
+/// A command runs this before it sends or opens anything, so that a refused
+/// enqueue changes nothing and says the same with a daemon and without.
+pub fn check(specs: &[TaskSpec], budget: &Budget) -> Result<(), EnqueueError> {
+    let n = specs.len();
+    for (i, spec) in specs.iter().enumerate() {
+        let entry = (n > 1).then(|| Entry::at(i, n));
+        spec.clone()
+            .into_task(0, budget)
+            .map_err(|e| EnqueueError::from_build(entry, e))?;
+    }
+    Ok(())
+}
+
 /// Adds a batch, all or nothing.
 pub fn enqueue_batch(store: &Store, specs: Vec<TaskSpec>) -> Result<Vec<u64>, EnqueueError> {
     let mut w = store.write();
@@ -115,7 +152,8 @@ pub fn enqueue_batch(store: &Store, specs: Vec<TaskSpec>) -> Result<Vec<u64>, En
 }
 
 /// Parses a batch file's text: a JSON array of specs, or `{"tasks": [...]}`.
-/// Errors name the entry and, where serde knows it, the field.
+/// Errors name the entry (counted from 1: `entry 2 of 3`) and, where serde
+/// knows it, the field.
 pub fn parse_batch(text: &str) -> Result<Vec<TaskSpec>, String> {
     let doc: serde_json::Value =
         serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
@@ -137,9 +175,18 @@ pub fn parse_batch(text: &str) -> Result<Vec<TaskSpec>, String> {
             );
         }
     };
+    let n = entries.len();
     entries
         .into_iter()
         .enumerate()
-        .map(|(i, v)| serde_json::from_value::<TaskSpec>(v).map_err(|e| format!("entry {i}: {e}")))
+        .map(|(i, v)| {
+            serde_path_to_error::deserialize::<_, TaskSpec>(v).map_err(|e| {
+                let entry = Entry::at(i, n);
+                match e.path().to_string().as_str() {
+                    "." => format!("{entry}: {}", e.inner()),
+                    field => format!("{entry}, field {field}: {}", e.inner()),
+                }
+            })
+        })
         .collect()
 }

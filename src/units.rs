@@ -86,9 +86,64 @@ pub fn format_duration(d: Duration) -> String {
     format!("{}s", s.strip_suffix(".0").unwrap_or(&s))
 }
 
+/// A time (ms since the epoch) in RFC 3339 with milliseconds, UTC:
+/// `2026-11-30T12:00:00.250Z`.
+pub fn format_time(ms: u64) -> String {
+    let t = std::time::UNIX_EPOCH + Duration::from_millis(ms);
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+/// How long ago `ms` was at `now_ms`, roughly, in the largest fitting unit:
+/// `12s`, `5m`, `3h`, `2d` (`0s` for a time in the future).
+pub fn format_age(ms: u64, now_ms: u64) -> String {
+    let s = now_ms.saturating_sub(ms) / 1000;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m", s / 60),
+        3600..86_400 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86_400),
+    }
+}
+
+/// A time as people write it: RFC 3339 (`2026-11-30T12:00:00Z`, also
+/// without the `T` or the zone, which then means UTC), milliseconds since
+/// the epoch, or a duration meaning that long before `now_ms` (`90m`, `2h`).
+pub fn parse_time(text: &str, now_ms: u64) -> Result<u64, String> {
+    let text = text.trim();
+    if let Ok(ms) = text.parse::<u64>() {
+        return Ok(ms);
+    }
+    if let Ok(t) = humantime::parse_rfc3339_weak(text) {
+        return t
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .map_err(|_| format!("'{text}' is before 1970"));
+    }
+    match humantime::parse_duration(text) {
+        Ok(d) => Ok(now_ms.saturating_sub(d.as_millis() as u64)),
+        Err(_) => Err(format!(
+            "'{text}' is not a time (expected RFC 3339 such as 2026-11-30T12:00:00Z, \
+             or a duration ago such as 90m)"
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn times_format_and_parse() {
+        assert_eq!(format_time(1_796_040_000_250), "2026-11-30T12:00:00.250Z");
+        assert_eq!(parse_time("2026-11-30T12:00:00.250Z", 0), Ok(1_796_040_000_250));
+        assert_eq!(parse_time("2026-11-30 12:00:00", 0), Ok(1_796_040_000_000));
+        assert_eq!(parse_time("90m", 10_000_000), Ok(10_000_000 - 5_400_000));
+        assert_eq!(parse_time("1796040000250", 0), Ok(1_796_040_000_250));
+        assert!(parse_time("yesterday", 0).unwrap_err().contains("not a time"));
+        assert_eq!(format_age(0, 59_999), "59s");
+        assert_eq!(format_age(0, 3_600_000), "1h");
+        assert_eq!(format_age(5, 0), "0s");
+    }
 
     #[test]
     fn sizes_parse_in_binary_and_decimal_units() {

@@ -105,12 +105,26 @@ fn batch_errors_name_the_entry_and_field_and_write_nothing() {
     let o = berth(&d, &["enqueue", "--batch", f.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
     let err = stderr(&o);
-    assert!(err.contains("entry 1: unknown field `wieght`"), "{err}");
+    assert!(
+        err.contains("entry 2 of 2, field wieght: unknown field `wieght`"),
+        "{err}"
+    );
+    // A type error names the entry (counted from 1) and the field.
+    std::fs::write(&f, r#"[{"queue":"main","kind":"K","name":"a","weight":"5"}]"#).unwrap();
+    let o = berth(&d, &["enqueue", "--batch", f.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains(
+            "entry 1 of 1, field weight: invalid type: string \"5\", expected i64"
+        ),
+        "{}",
+        stderr(&o)
+    );
     std::fs::write(&f, r#"{"tasks":[{"queue":"main","kind":"K","name":"a"},{"queue":"ma in","kind":"K","name":"b"}]}"#).unwrap();
     let o = berth(&d, &["enqueue", "--batch", f.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
     assert!(
-        stderr(&o).contains("entry 1, field queue: queue 'ma in'"),
+        stderr(&o).contains("entry 2 of 2, field queue: queue 'ma in'"),
         "{}",
         stderr(&o)
     );

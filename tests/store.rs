@@ -172,7 +172,7 @@ fn a_batch_with_one_bad_entry_writes_nothing_and_names_it() {
     let mut bad = spec("main", "y");
     bad.tags = vec!["no spaces allowed".into()];
     let err = submit::enqueue_batch(&s, vec![spec("main", "x"), bad]).unwrap_err();
-    assert!(err.to_string().starts_with("entry 1, field tags:"), "{err}");
+    assert!(err.to_string().starts_with("entry 2 of 2, field tags:"), "{err}");
     assert_eq!(s.queue_len("main"), 0);
     assert_eq!(s.next_seq(), 1);
     let ids = submit::enqueue_batch(&s, vec![spec("main", "x"), spec("main", "y")]).unwrap();

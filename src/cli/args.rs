@@ -30,6 +30,11 @@ pub struct Cli {
         value_parser = parse_timeout
     )]
     pub timeout: std::time::Duration,
+    /// The daemon's TOML config. `berth run` needs it; the other commands
+    /// take the data dir (unless --data-dir says otherwise), the size budget
+    /// and the disk reserve from it.
+    #[arg(long, global = true, env = "BERTH_CONFIG")]
+    pub config: Option<PathBuf>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -52,9 +57,6 @@ pub enum Command {
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// The TOML config (data dir, queues, retry, budget, handlers).
-    #[arg(long)]
-    pub config: PathBuf,
     /// Exit once every queue is empty: 0 if every task succeeded, 1 if any
     /// ended as a dead letter.
     #[arg(long)]
@@ -138,6 +140,39 @@ pub enum TaskCommand {
     Remove { id: u64 },
     /// Put a dead letter (a task that used up its attempts) back into its queue.
     Retry { id: u64 },
+    /// List tasks, live and finished, with their ids.
+    List(ListArgs),
+}
+
+/// `task list`'s filters: each flag may repeat; a task must match every
+/// kind of filter given, and any value of one.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Only tasks of this queue (repeatable).
+    #[arg(long)]
+    pub queue: Vec<String>,
+    /// Only tasks of this kind (repeatable).
+    #[arg(long)]
+    pub kind: Vec<String>,
+    /// Only tasks in this state (repeatable): queued, running, succeeded,
+    /// failed, cancelled, dead (dead letters), waiting (group children not
+    /// yet in a queue), live (not finished) or history (finished).
+    #[arg(long)]
+    pub status: Vec<String>,
+    /// Only tasks whose last change (finished, else started, else queued) is
+    /// at or after this time: RFC 3339 (2026-11-30T12:00:00Z) or a duration
+    /// ago (90m).
+    #[arg(long)]
+    pub since: Option<String>,
+    /// Only tasks whose last change is at or before this time.
+    #[arg(long)]
+    pub until: Option<String>,
+    /// Only tasks whose name matches this pattern (`*` any run, `?` one
+    /// character).
+    #[arg(long)]
+    pub name: Option<String>,
+    #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
+    pub output: Format,
 }
 
 fn parse_interval(s: &str) -> Result<std::time::Duration, String> {

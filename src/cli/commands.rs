@@ -4,24 +4,25 @@
 //! the answer. So a command's output and exit code do not depend on whether
 //! a daemon runs.
 
-use std::path::Path;
-
-use berth::ops::{OpError, Request};
+use berth::ops::{Access, OpError, Request, TaskFilter};
+use berth::report::TaskRow;
+use berth::units;
 use berth::report;
-use berth::store::{Options, Store};
-use berth::submit;
+use berth::store::Store;
+use berth::submit::{self, EnqueueError};
 use berth::task::TaskSpec;
 use serde_json::Value;
 
-use super::args::{Cli, Command, EnqueueArgs, Format, QueueCommand, TaskCommand};
-use super::{CliError, out, read_file, session};
+use super::args::{Cli, Command, EnqueueArgs, Format, ListArgs, QueueCommand, TaskCommand};
+use super::session::Session;
+use super::{CliError, now_ms, out, read_file, terminal_width};
 
 pub fn run(cli: Cli, data_dir_given: bool) -> Result<(), CliError> {
-    session::set_timeout(cli.timeout);
-    let dir = cli.data_dir.as_path();
+    let s = Session::from_args(&cli, data_dir_given)?;
+    let s = &s;
     match cli.command {
-        Command::Run(a) => super::daemon::run(a, data_dir_given.then_some(dir)),
-        Command::Enqueue(a) => enqueue(dir, *a),
+        Command::Run(a) => super::daemon::run(a, s),
+        Command::Enqueue(a) => enqueue(s, *a),
         Command::Queue(QueueCommand::List {
             output,
             show_empty,
@@ -29,18 +30,19 @@ pub fn run(cli: Cli, data_dir_given: bool) -> Result<(), CliError> {
             interval,
         }) => {
             if !watch {
-                return queue_list(dir, output, show_empty, "");
+                return queue_list(s, output, show_empty, "");
             }
             loop {
                 // Clear the screen and redraw.
-                queue_list(dir, output, show_empty, "\x1b[H\x1b[2J")?;
+                queue_list(s, output, show_empty, "\x1b[H\x1b[2J")?;
                 std::thread::sleep(interval);
             }
         }
-        Command::Task(TaskCommand::Show { id, output }) => task_show(dir, id, output),
-        Command::Task(TaskCommand::Remove { id }) => task_remove(dir, id),
-        Command::Task(TaskCommand::Retry { id }) => task_retry(dir, id),
-        Command::Verify => verify(dir),
+        Command::Task(TaskCommand::Show { id, output }) => task_show(s, id, output),
+        Command::Task(TaskCommand::Remove { id }) => task_remove(s, id),
+        Command::Task(TaskCommand::Retry { id }) => task_retry(s, id),
+        Command::Task(TaskCommand::List(a)) => task_list(s, a),
+        Command::Verify => verify(s),
     }
 }
 
@@ -55,14 +57,17 @@ fn print_ids(ids: &[u64]) -> Result<(), CliError> {
     out(&ids.iter().map(|id| format!("{id}\n")).collect::<String>())
 }
 
-fn enqueue(dir: &Path, a: EnqueueArgs) -> Result<(), CliError> {
+fn enqueue(s: &Session, a: EnqueueArgs) -> Result<(), CliError> {
     if let Some(batch) = a.batch {
         let source = format!("batch file {}: ", batch.display());
         let text = read_file(&batch, "batch file")?;
         let tasks =
             submit::parse_batch(&text).map_err(|e| CliError::input(format!("{source}{e}")))?;
+        // Refused here, before anything is sent or opened.
+        submit::check(&tasks, &s.budget)
+            .map_err(|e| CliError::from(OpError::from(e).context(&source)))?;
         let ids =
-            session::run(dir, Request::EnqueueBatch { tasks }).map_err(|e| e.context(&source))?;
+            s.run(Request::EnqueueBatch { tasks }).map_err(|e| e.context(&source))?;
         return print_ids(&ids_of(&ids));
     }
     let payload = match (&a.payload, &a.payload_file) {
@@ -90,20 +95,33 @@ fn enqueue(dir: &Path, a: EnqueueArgs) -> Result<(), CliError> {
         target: a.target,
         compaction_key: None,
     };
-    // Check the spec before touching the data dir.
-    spec.validate()
-        .map_err(|e| CliError::input(format!("--{}: {}", e.field.replace('_', "-"), e.reason)))?;
+    // Check the spec (and its payload against the budget) before anything
+    // is sent or opened: a refused enqueue changes nothing, with a daemon or
+    // without.
+    if let Err(EnqueueError::Invalid { field, reason, .. }) =
+        submit::check(std::slice::from_ref(&spec), &s.budget)
+    {
+        return Err(CliError::input(format!("--{}: {reason}", flag_of(field))));
+    }
     let req = Request::Enqueue {
         spec: Box::new(spec),
         first: a.first,
         after: a.after,
         before: a.before,
     };
-    print_ids(&ids_of(&session::run(dir, req)?))
+    print_ids(&ids_of(&s.run(req)?))
 }
 
-fn queue_list(dir: &Path, output: Format, show_empty: bool, prefix: &str) -> Result<(), CliError> {
-    let v = session::run(dir, Request::QueueList {})?;
+/// The `enqueue` flag that gives a spec's field.
+fn flag_of(field: &str) -> String {
+    match field {
+        "tags" => "tag".into(),
+        f => f.replace('_', "-"),
+    }
+}
+
+fn queue_list(s: &Session, output: Format, show_empty: bool, prefix: &str) -> Result<(), CliError> {
+    let v = s.run(Request::QueueList {})?;
     let queues = report::views_from_json(&v).map_err(CliError::runtime)?;
     let text = match output {
         Format::Text => report::render_text(&queues, show_empty),
@@ -112,10 +130,10 @@ fn queue_list(dir: &Path, output: Format, show_empty: bool, prefix: &str) -> Res
     out(&format!("{prefix}{text}"))
 }
 
-fn task_show(dir: &Path, id: u64, output: Format) -> Result<(), CliError> {
-    let j = report::task_from_wire(session::run(dir, Request::TaskShow { id })?);
+fn task_show(s: &Session, id: u64, output: Format) -> Result<(), CliError> {
+    let j = report::task_from_wire(s.run(Request::TaskShow { id })?);
     match output {
-        Format::Text => out(&report::task_text(&j)),
+        Format::Text => out(&report::task_text(&j, now_ms())),
         Format::Json => out(&format!(
             "{}\n",
             serde_json::to_string_pretty(&j).unwrap_or_default()
@@ -123,26 +141,51 @@ fn task_show(dir: &Path, id: u64, output: Format) -> Result<(), CliError> {
     }
 }
 
-fn task_remove(dir: &Path, id: u64) -> Result<(), CliError> {
-    let removed = ids_of(&session::run(dir, Request::TaskRemove { id })?);
+fn task_remove(s: &Session, id: u64) -> Result<(), CliError> {
+    let removed = ids_of(&s.run(Request::TaskRemove { id })?);
     let list: Vec<String> = removed.iter().map(u64::to_string).collect();
     out(&format!("removed {}\n", list.join(" ")))
 }
 
-fn task_retry(dir: &Path, id: u64) -> Result<(), CliError> {
-    session::run(dir, Request::TaskRetry { id })?;
+fn task_retry(s: &Session, id: u64) -> Result<(), CliError> {
+    s.run(Request::TaskRetry { id })?;
     out(&format!("retried {id}\n"))
+}
+
+fn task_list(s: &Session, a: ListArgs) -> Result<(), CliError> {
+    let now = now_ms();
+    let time = |flag: &str, t: &Option<String>| {
+        t.as_deref()
+            .map(|t| units::parse_time(t, now))
+            .transpose()
+            .map_err(|e| CliError::input(format!("--{flag}: {e}")))
+    };
+    let filter = TaskFilter {
+        queues: a.queue,
+        kinds: a.kind,
+        statuses: a.status,
+        since_ms: time("since", &a.since)?,
+        until_ms: time("until", &a.until)?,
+        name: a.name,
+    };
+    filter.validate()?;
+    let v = s.run(Request::TaskList { filter })?;
+    let rows: Vec<TaskRow> = serde_json::from_value(v)
+        .map_err(|e| CliError::runtime(format!("the task list is malformed: {e}")))?;
+    match a.output {
+        Format::Text => out(&report::render_task_table(&rows, now, terminal_width())),
+        Format::Json => out(&format!(
+            "{}\n",
+            serde_json::to_string_pretty(&rows).unwrap_or_default()
+        )),
+    }
 }
 
 /// `verify` opens the data dir itself (never through a daemon): it replays
 /// the whole log against the state, which needs the store at rest.
-fn verify(dir: &Path) -> Result<(), CliError> {
-    let opts = Options {
-        create: false,
-        read_only: true,
-        ..Options::default()
-    };
-    let store = Store::open(dir, opts, berth::clock::system()).map_err(OpError::from)?;
+fn verify(s: &Session) -> Result<(), CliError> {
+    let opts = s.options(Access::Read);
+    let store = Store::open(s.dir(), opts, berth::clock::system()).map_err(OpError::from)?;
     let diffs = berth::store::verify::verify(&store)
         .map_err(|e| CliError::runtime(format!("replaying the log: {e}")))?;
     let corrupt = store.corrupt_records();

@@ -16,15 +16,17 @@ use berth::submit;
 use berth::task::TaskSpec;
 
 use super::args::RunArgs;
+use super::session::Session;
 use super::{CliError, read_file};
 
-/// `data_dir`, when given on the command line or in BERTH_DATA_DIR,
-/// overrides the config's `data_dir`.
-pub fn run(a: RunArgs, data_dir: Option<&Path>) -> Result<(), CliError> {
-    let mut config = Config::load(&a.config).map_err(|e| CliError::input(e.to_string()))?;
-    if let Some(d) = data_dir {
-        config.data_dir = d.to_path_buf();
-    }
+/// Runs the daemon with the session's config, on the session's data dir
+/// (`--data-dir` or `BERTH_DATA_DIR` overrides the config's `data_dir`).
+pub fn run(a: RunArgs, s: &Session) -> Result<(), CliError> {
+    let mut config = s
+        .config
+        .clone()
+        .ok_or_else(|| CliError::input("berth run needs --config FILE (or BERTH_CONFIG)"))?;
+    config.data_dir = s.dir.clone();
     // Check the batch before touching the data dir.
     let batch = a.enqueue.as_deref().map(read_batch).transpose()?;
     let engine = start_engine(&config)?;
@@ -42,7 +44,7 @@ pub fn run(a: RunArgs, data_dir: Option<&Path>) -> Result<(), CliError> {
         config.engine.worker_count()
     );
     let summary = serve_and_run(&engine, &config.data_dir, a.until_idle)?;
-    finish(summary)
+    finish(summary, a.until_idle)
 }
 
 fn read_batch(f: &Path) -> Result<(PathBuf, Vec<TaskSpec>), CliError> {
@@ -131,8 +133,11 @@ fn serve_and_run(engine: &Engine, dir: &Path, until_idle: bool) -> Result<RunSum
     })
 }
 
-/// Logs how the run ended and picks the exit code.
-fn finish(summary: RunSummary) -> Result<(), CliError> {
+/// Logs how the run ended and picks the exit code: a run until idle fails
+/// (1) if a task ended as a dead letter or cannot start; a run stopped by a
+/// signal, the routine end of a service, exits 0 (dead letters are in the
+/// log line above, and for `task list --status dead`).
+fn finish(summary: RunSummary, until_idle: bool) -> Result<(), CliError> {
     if summary.abandoned > 0 {
         let n = berth::engine::command::kill_running();
         log::warn!("killed {n} handler process group(s) still running after the grace period");
@@ -150,7 +155,7 @@ fn finish(summary: RunSummary) -> Result<(), CliError> {
             summary.stuck
         )));
     }
-    if summary.tally.dead_letters > 0 {
+    if until_idle && summary.tally.dead_letters > 0 {
         return Err(CliError::runtime(format!(
             "{} task(s) ended as dead letters",
             summary.tally.dead_letters

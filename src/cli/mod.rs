@@ -6,7 +6,7 @@
 pub mod args;
 pub mod commands;
 pub mod daemon;
-mod session;
+pub mod session;
 
 use std::fmt;
 use std::io::Write;
@@ -81,9 +81,42 @@ pub fn out(text: &str) -> Result<(), CliError> {
 }
 
 /// Reads a file named on the command line (a bad one is bad input).
+/// `-` is standard input.
 pub fn read_file(path: &Path, what: &str) -> Result<String, CliError> {
-    std::fs::read_to_string(path)
-        .map_err(|e| CliError::input(format!("cannot read {what} {}: {e}", path.display())))
+    let read = if path.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin())
+    } else {
+        std::fs::read_to_string(path)
+    };
+    read.map_err(|e| CliError::input(format!("cannot read {what} {}: {e}", path.display())))
+}
+
+/// Now, for showing ages: the system clock, or `BERTH_NOW` (RFC 3339 or
+/// milliseconds since the epoch) for reproducible output in tests and docs.
+pub fn now_ms() -> u64 {
+    let system = || berth::clock::system().now_ms();
+    match std::env::var("BERTH_NOW") {
+        Ok(t) => berth::units::parse_time(&t, system()).unwrap_or_else(|_| system()),
+        Err(_) => system(),
+    }
+}
+
+/// The width of the terminal on stdout (`COLUMNS` wins), or `None` when
+/// stdout is not a terminal.
+pub fn terminal_width() -> Option<usize> {
+    use std::io::IsTerminal;
+    if !std::io::stdout().is_terminal() {
+        return None;
+    }
+    if let Some(c) = std::env::var("COLUMNS").ok().and_then(|c| c.parse().ok()) {
+        return Some(c);
+    }
+    let mut ws = std::mem::MaybeUninit::<libc::winsize>::zeroed();
+    // SAFETY: TIOCGWINSZ fills a winsize; stdout is a terminal.
+    let r = unsafe { libc::ioctl(1, libc::TIOCGWINSZ, ws.as_mut_ptr()) };
+    // SAFETY: zeroed is a valid winsize, and ioctl filled it when it returned 0.
+    let ws = unsafe { ws.assume_init() };
+    (r == 0 && ws.ws_col > 0).then_some(ws.ws_col as usize)
 }
 
 /// A panic caught at the top: one in sled means the database is damaged

@@ -2,68 +2,112 @@
 //! data dir's socket, and otherwise through the same operation on the data
 //! dir opened here (`ops::execute` either way, so the answer is the same).
 
-use std::path::Path;
-use std::sync::OnceLock;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use berth::budget::Budget;
 use berth::clock;
+use berth::config::Config;
 use berth::control::{self, CallError};
 use berth::ops::{self, Access, Ctx, OpError, Request};
 use berth::store::{OpenError, Options, Role, Store};
 use serde_json::Value;
 
-/// How long a command waits for a daemon's answer, and for a starting
-/// daemon's socket (`--timeout`); set once before any request.
-static TIMEOUT: OnceLock<Duration> = OnceLock::new();
+use super::CliError;
+use super::args::Cli;
 
-pub fn set_timeout(t: Duration) {
-    let _ = TIMEOUT.set(t);
+/// What every command runs with: the data dir, and what the config (if
+/// one is given) says about it.
+#[derive(Debug, Clone)]
+pub struct Session {
+    pub dir: PathBuf,
+    /// How long to wait for a daemon's answer, and for a starting daemon's
+    /// socket (`--timeout`).
+    pub timeout: Duration,
+    /// The size budget a command checks a payload against before sending it.
+    pub budget: Budget,
+    pub disk_reserve: u64,
+    /// The loaded `--config`, if one was given.
+    pub config: Option<Config>,
 }
 
-fn timeout() -> Duration {
-    TIMEOUT.get().copied().unwrap_or(control::DEFAULT_TIMEOUT)
-}
-
-/// Asks the daemon, if one listens on the data dir's socket.
-fn ask_daemon(dir: &Path, req: &Request) -> Option<Result<Value, OpError>> {
-    if !control::socket_path(dir).exists() {
-        return None;
+impl Session {
+    /// `--data-dir` (or `BERTH_DATA_DIR`) when given, else the config's
+    /// `data_dir`, else `./berth-data`; the budget and the disk reserve from
+    /// the config, or their defaults.
+    pub fn from_args(cli: &Cli, data_dir_given: bool) -> Result<Session, CliError> {
+        let config = match &cli.config {
+            Some(path) => {
+                Some(Config::load(path).map_err(|e| CliError::input(e.to_string()))?)
+            }
+            None => None,
+        };
+        let dir = match (&config, data_dir_given) {
+            (Some(c), false) => c.data_dir.clone(),
+            _ => cli.data_dir.clone(),
+        };
+        Ok(Session {
+            dir,
+            timeout: cli.timeout,
+            budget: config.as_ref().map_or_else(Budget::default, |c| c.budget),
+            disk_reserve: config
+                .as_ref()
+                .map_or(berth::store::DEFAULT_DISK_RESERVE, |c| c.disk_reserve),
+            config,
+        })
     }
-    match control::call(dir, req, timeout()) {
-        Err(CallError::NoDaemon) => None,
-        Err(e @ (CallError::TimedOut { .. } | CallError::Failed(_))) => {
-            Some(Err(OpError::runtime(e.to_string())))
-        }
-        Ok(resp) => Some(resp.into_result()),
-    }
-}
 
-/// Runs `req`: through the daemon when one answers, else on the data dir
-/// opened here as the request needs ([`Access`]: to read, it must be a
-/// berth data dir and nothing in it changes). A daemon that holds the data
-/// dir but does not answer yet, or that waits for the lock (right after a
-/// restart), is starting: the command waits for its socket, up to
-/// `--timeout`, instead of failing.
-pub fn run(dir: &Path, req: Request) -> Result<Value, OpError> {
-    let start = Instant::now();
-    loop {
-        if let Some(answer) = ask_daemon(dir, &req) {
-            return answer;
+    /// Asks the daemon, if one listens on the data dir's socket.
+    fn ask_daemon(&self, req: &Request) -> Option<Result<Value, OpError>> {
+        if !control::socket_path(&self.dir).exists() {
+            return None;
         }
-        let access = req.access();
-        let opts = Options {
+        match control::call(&self.dir, req, self.timeout) {
+            Err(CallError::NoDaemon) => None,
+            Err(e @ (CallError::TimedOut { .. } | CallError::Failed(_))) => {
+                Some(Err(OpError::runtime(e.to_string())))
+            }
+            Ok(resp) => Some(resp.into_result()),
+        }
+    }
+
+    /// Options to open the data dir here for `access`.
+    pub fn options(&self, access: Access) -> Options {
+        Options {
             create: access == Access::Create,
             read_only: access == Access::Read,
+            budget: self.budget,
+            disk_reserve: self.disk_reserve,
             ..Options::default()
-        };
-        match Store::open(dir, opts, clock::system()) {
-            Ok(store) => return ops::execute(&Ctx::direct(Some(&store)), req),
-            Err(OpenError::InUse { holder, .. })
-                if holder.role == Some(Role::Daemon) && start.elapsed() < timeout() =>
-            {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Err(e) => return Err(e.into()),
         }
+    }
+
+    /// Runs `req`: through the daemon when one answers, else on the data dir
+    /// opened here as the request needs ([`Access`]: to read, it must be a
+    /// berth data dir and nothing in it changes). A daemon that holds the
+    /// data dir but does not answer yet, or that waits for the lock (right
+    /// after a restart), is starting: the command waits for its socket, up
+    /// to `--timeout`, instead of failing.
+    pub fn run(&self, req: Request) -> Result<Value, OpError> {
+        let start = Instant::now();
+        loop {
+            if let Some(answer) = self.ask_daemon(&req) {
+                return answer;
+            }
+            let opts = self.options(req.access());
+            match Store::open(&self.dir, opts, clock::system()) {
+                Ok(store) => return ops::execute(&Ctx::direct(Some(&store)), req),
+                Err(OpenError::InUse { holder, .. })
+                    if holder.role == Some(Role::Daemon) && start.elapsed() < self.timeout =>
+                {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 }

@@ -10,6 +10,7 @@
 //! The result of every operation is JSON (the socket's wire form), so the
 //! command prints the same thing whichever way the request went.
 
+mod list;
 mod tasks;
 
 use serde::{Deserialize, Serialize};
@@ -21,6 +22,7 @@ use crate::store::{OpenError, Placement, ReadError, Store, WriteError};
 use crate::submit::EnqueueError;
 use crate::task::TaskSpec;
 
+pub use list::{STATUS_WORDS, TaskFilter, glob, task_list};
 pub use tasks::{enqueue, enqueue_batch, queue_list, task_remove, task_retry, task_show};
 
 /// What kind of failure an operation met; it decides the exit code and the
@@ -190,6 +192,10 @@ pub enum Request {
     TaskRetry {
         id: u64,
     },
+    TaskList {
+        #[serde(default)]
+        filter: TaskFilter,
+    },
 }
 
 /// What a request does to the data dir, for a command that opens it itself.
@@ -208,7 +214,9 @@ impl Request {
         match self {
             Request::Enqueue { .. } | Request::EnqueueBatch { .. } => Access::Create,
             Request::TaskRemove { .. } | Request::TaskRetry { .. } => Access::Write,
-            Request::QueueList {} | Request::TaskShow { .. } => Access::Read,
+            Request::QueueList {} | Request::TaskShow { .. } | Request::TaskList { .. } => {
+                Access::Read
+            }
         }
     }
 }
@@ -238,5 +246,6 @@ pub fn execute(ctx: &Ctx<'_>, req: Request) -> Result<Value, OpError> {
         Request::TaskShow { id } => task_show(ctx, id),
         Request::TaskRemove { id } => task_remove(ctx, id).map(|ids| json!(ids)),
         Request::TaskRetry { id } => task_retry(ctx, id).map(|()| json!([id])),
+        Request::TaskList { filter } => task_list(ctx, &filter).map(|rows| json!(rows)),
     }
 }

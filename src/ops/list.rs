@@ -1,0 +1,157 @@
+//! `task list`: every task, live and finished, that a filter selects, as
+//! rows of plain fields.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Ctx, OpError};
+use crate::store::CorruptRecord;
+use crate::report::{Place, TaskRow};
+
+/// Which tasks `task list` shows. Empty lists select everything.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TaskFilter {
+    pub queues: Vec<String>,
+    pub kinds: Vec<String>,
+    /// Status words: a task's status (`queued`, `running`, `succeeded`,
+    /// `failed`, ...), or `dead` (a dead letter: failed, in the history),
+    /// `waiting` (a group child not yet in a queue), `live` (not finished),
+    /// `history` (finished).
+    pub statuses: Vec<String>,
+    /// Only tasks whose last change (finished, else started, else queued) is
+    /// at or after this time (ms since the epoch).
+    pub since_ms: Option<u64>,
+    /// ... at or before this time.
+    pub until_ms: Option<u64>,
+    /// A name pattern: `*` any run of characters, `?` one character.
+    pub name: Option<String>,
+}
+
+/// The status words a filter accepts.
+pub const STATUS_WORDS: [&str; 9] = [
+    "queued",
+    "running",
+    "succeeded",
+    "failed",
+    "cancelled",
+    "dead",
+    "waiting",
+    "live",
+    "history",
+];
+
+impl TaskFilter {
+    /// Checks the status words.
+    pub fn validate(&self) -> Result<(), OpError> {
+        for s in &self.statuses {
+            if !STATUS_WORDS.contains(&s.as_str()) {
+                return Err(OpError::input(format!(
+                    "--status: '{s}' is not a status (use one of: {})",
+                    STATUS_WORDS.join(", ")
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn selects(&self, row: &TaskRow) -> bool {
+        let any = |list: &[String], v: &str| list.is_empty() || list.iter().any(|x| x == v);
+        let when = row
+            .finished_at
+            .or(row.started_at)
+            .unwrap_or(row.queued_at);
+        any(&self.queues, &row.queue)
+            && any(&self.kinds, &row.kind)
+            && (self.statuses.is_empty() || self.statuses.iter().any(|s| row.is(s)))
+            && self.since_ms.is_none_or(|t| when >= t)
+            && self.until_ms.is_none_or(|t| when <= t)
+            && self.name.as_deref().is_none_or(|p| glob(p, &row.name))
+    }
+}
+
+/// Every task the filter selects, live ones first (in id order), then the
+/// history (in id order). A record that cannot be read is an error naming it.
+pub fn task_list(ctx: &Ctx<'_>, filter: &TaskFilter) -> Result<Vec<TaskRow>, OpError> {
+    filter.validate()?;
+    let Some(store) = ctx.store else {
+        return Ok(Vec::new());
+    };
+    // Every queued task's position, from one pass over the queues.
+    let mut positions = std::collections::HashMap::new();
+    for (q, _) in store.queues() {
+        for (i, id) in store.queue_ids(&q).into_iter().enumerate() {
+            positions.insert(id, i + 1);
+        }
+    }
+    let mut rows = Vec::new();
+    for t in store.live_tasks() {
+        let t = t.map_err(corrupt)?;
+        let row = match positions.get(&t.id) {
+            Some(p) => TaskRow::new(t, Place::Queue, Some(*p)),
+            None => TaskRow::new(t, Place::Waiting, None),
+        };
+        rows.push(row);
+    }
+    for t in store.history() {
+        rows.push(TaskRow::new(t.map_err(corrupt)?, Place::History, None));
+    }
+    rows.retain(|r| filter.selects(r));
+    Ok(rows)
+}
+
+fn corrupt(c: CorruptRecord) -> OpError {
+    OpError::runtime(c.to_string())
+}
+
+/// `*` matches any run of characters, `?` one character; the rest matches
+/// itself.
+pub fn glob(pattern: &str, text: &str) -> bool {
+    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
+    // The classic two-pointer match with backtracking to the last `*`.
+    let (mut i, mut j, mut star, mut mark) = (0, 0, None, 0);
+    while j < t.len() {
+        if i < p.len() && (p[i] == '?' || p[i] == t[j]) {
+            i += 1;
+            j += 1;
+        } else if i < p.len() && p[i] == '*' {
+            star = Some(i);
+            mark = j;
+            i += 1;
+        } else if let Some(s) = star {
+            i = s + 1;
+            mark += 1;
+            j = mark;
+        } else {
+            return false;
+        }
+    }
+    p[i..].iter().all(|c| *c == '*')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn glob_matches_stars_and_question_marks() {
+        assert!(glob("*", ""));
+        assert!(glob("echo", "echo"));
+        assert!(!glob("echo", "echo2"));
+        assert!(glob("e*o", "echo"));
+        assert!(glob("*-crd", "metallb-crd"));
+        assert!(!glob("*-crd", "metallb-crds"));
+        assert!(glob("m?play", "mcplay"));
+        assert!(glob("*a*b*", "xxaxxbxx"));
+        assert!(!glob("*a*b", "xxbxxa"));
+    }
+
+    #[test]
+    fn unknown_status_words_are_refused() {
+        let f = TaskFilter {
+            statuses: vec!["dead".into(), "zombie".into()],
+            ..Default::default()
+        };
+        let e = f.validate().unwrap_err();
+        assert!(e.message.contains("'zombie' is not a status"), "{e}");
+    }
+}
