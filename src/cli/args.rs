@@ -4,11 +4,23 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+/// The exit codes, as every command's `--help` ends.
+const EXIT_CODES: &str = "Exit codes:
+  0  success
+  1  runtime error: no such task, a wrong state, not enough disk space, a damaged or
+     lost data dir, a disk failure, a daemon that did not answer within --timeout,
+     `verify` found disagreements, `berth run --until-idle` ended with a dead letter
+  2  bad input: unknown flags, an invalid spec, payload or batch file, a config error
+  3  the data dir is in use: another daemon, a daemon too busy, a command that
+     waited too long for another
+  4  `berth run` only: the store failed to write; the daemon stopped at once";
+
 #[derive(Debug, Parser)]
 #[command(
     name = "berth",
     version,
-    about = "A durable, ordered task engine for edge nodes"
+    about = "A durable, ordered task engine for edge nodes",
+    after_help = EXIT_CODES
 )]
 pub struct Cli {
     /// The data dir (created on first write).
@@ -68,23 +80,29 @@ pub struct RunArgs {
 
 #[derive(Debug, Args)]
 pub struct EnqueueArgs {
-    /// A JSON file with an array of task specs (or {"tasks": [...]}), added all or nothing.
+    /// A JSON file with an array of task specs (or {"tasks": [...]}), added
+    /// all or nothing; `-` reads standard input.
     #[arg(long, conflicts_with_all = ["queue", "kind", "name", "description", "weight", "payload", "payload_file", "tag", "target", "first", "after", "before"])]
     pub batch: Option<PathBuf>,
+    /// The queue to add the task to ([A-Za-z0-9_.-], at most 64).
     #[arg(long, required_unless_present = "batch")]
     pub queue: Option<String>,
+    /// The task's kind: which handler runs it.
     #[arg(long, required_unless_present = "batch")]
     pub kind: Option<String>,
+    /// The task's name, as `queue list` shows it.
     #[arg(long, required_unless_present = "batch")]
     pub name: Option<String>,
+    /// Free text shown after the name.
     #[arg(long)]
     pub description: Option<String>,
+    /// The task's weight (in a batch, equal weights form a group).
     #[arg(long, allow_hyphen_values = true)]
     pub weight: Option<i64>,
     /// The payload as JSON text.
     #[arg(long, conflicts_with = "payload_file")]
     pub payload: Option<String>,
-    /// A file holding the JSON payload.
+    /// A file holding the JSON payload; `-` reads standard input.
     #[arg(long)]
     pub payload_file: Option<PathBuf>,
     /// A tag (repeatable).
@@ -132,14 +150,21 @@ pub enum QueueCommand {
 pub enum TaskCommand {
     /// Show a task (live or finished), payload decoded.
     Show {
+        /// The task's id (`berth task list` shows them; `enqueue` prints them).
         id: u64,
         #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
         output: Format,
     },
     /// Remove a task (a group parent takes its children with it).
-    Remove { id: u64 },
+    Remove {
+        /// The task's id.
+        id: u64,
+    },
     /// Put a dead letter (a task that used up its attempts) back into its queue.
-    Retry { id: u64 },
+    Retry {
+        /// The dead letter's id (`berth task list --status dead` lists them).
+        id: u64,
+    },
     /// List tasks, live and finished, with their ids.
     List(ListArgs),
 }

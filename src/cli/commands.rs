@@ -29,14 +29,10 @@ pub fn run(cli: Cli, data_dir_given: bool) -> Result<(), CliError> {
             watch,
             interval,
         }) => {
-            if !watch {
-                return queue_list(s, output, show_empty, "");
+            if watch {
+                return watch_queues(s, output, show_empty, interval);
             }
-            loop {
-                // Clear the screen and redraw.
-                queue_list(s, output, show_empty, "\x1b[H\x1b[2J")?;
-                std::thread::sleep(interval);
-            }
+            out(&queue_list(s, output, show_empty)?)
         }
         Command::Task(TaskCommand::Show { id, output }) => task_show(s, id, output),
         Command::Task(TaskCommand::Remove { id }) => task_remove(s, id),
@@ -120,14 +116,38 @@ fn flag_of(field: &str) -> String {
     }
 }
 
-fn queue_list(s: &Session, output: Format, show_empty: bool, prefix: &str) -> Result<(), CliError> {
+fn queue_list(s: &Session, output: Format, show_empty: bool) -> Result<String, CliError> {
     let v = s.run(Request::QueueList {})?;
     let queues = report::views_from_json(&v).map_err(CliError::runtime)?;
-    let text = match output {
+    Ok(match output {
         Format::Text => report::render_text(&queues, show_empty),
         Format::Json => format!("{}\n", report::render_json(&queues)),
-    };
-    out(&format!("{prefix}{text}"))
+    })
+}
+
+/// `queue list --watch`: redraws every `interval` until interrupted. On a
+/// terminal it clears the screen first; into a pipe it writes plain frames
+/// (text: each after a `# TIME` line; JSON: one line each). A daemon that
+/// starts or stops meanwhile changes nothing but where the answer comes
+/// from; an error is shown in its frame, and the watch goes on.
+fn watch_queues(
+    s: &Session,
+    output: Format,
+    show_empty: bool,
+    interval: std::time::Duration,
+) -> Result<(), CliError> {
+    use std::io::IsTerminal;
+    let tty = std::io::stdout().is_terminal();
+    loop {
+        let frame = queue_list(s, output, show_empty).unwrap_or_else(|e| format!("berth: {e}\n"));
+        let text = match (tty, output) {
+            (true, _) => format!("\x1b[H\x1b[2J{frame}"),
+            (false, Format::Text) => format!("# {}\n{frame}\n", units::format_time(now_ms())),
+            (false, Format::Json) => frame,
+        };
+        out(&text)?;
+        std::thread::sleep(interval);
+    }
 }
 
 fn task_show(s: &Session, id: u64, output: Format) -> Result<(), CliError> {

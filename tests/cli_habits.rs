@@ -1,0 +1,191 @@
+//! The command line's habits: `--watch` that survives a daemon starting and
+//! stopping, `--config` for every command, `-` for standard input, `--help`
+//! with the exit codes, and reading that never writes.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::daemon::{Daemon, write_root};
+use common::{berth, stderr, stdout, tempdir, wait_for};
+
+const HOOK: &str = "#!/bin/sh\ncat >/dev/null\nwhile [ ! -e never ]; do sleep 0.05; done\n";
+
+/// Every file under `dir` with a hash of its bytes, for "nothing changed".
+fn snapshot(dir: &Path) -> Vec<(String, u64)> {
+    use std::hash::{Hash, Hasher};
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read_dir").flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                std::fs::read(&p).unwrap_or_default().hash(&mut h);
+                out.push((p.display().to_string(), h.finish()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn watch_goes_on_while_a_daemon_starts_and_stops() {
+    let root = tempdir();
+    let cfg = write_root(root.path(), HOOK, "[handlers.Hold]\ncommand = [\"./hook.sh\"]\n");
+    let dir = root.path().join("data");
+    assert!(berth(&dir, &["enqueue", "--queue", "main", "--kind", "Hold", "--name", "h"]).status.success());
+    let mut watch = Command::new(common::berth_bin())
+        .arg("--data-dir")
+        .arg(&dir)
+        .args(["queue", "list", "-o", "json", "--watch", "--interval", "50ms"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("watch");
+    let (tx, frames) = mpsc::channel();
+    let out = watch.stdout.take().expect("stdout");
+    std::thread::spawn(move || common::forward_lines(out, tx));
+    let main_status = |line: &str| {
+        let v: serde_json::Value = serde_json::from_str(line).expect("a JSON frame per line");
+        v["active"][0]["status"].as_str().unwrap_or_default().to_string()
+    };
+    let next = || frames.recv_timeout(Duration::from_secs(20)).expect("a frame");
+    assert_eq!(main_status(&next()), "");
+    let mut daemon = Daemon::start(&cfg, &dir, &[]);
+    wait_for("a frame with the daemon's live status", || {
+        main_status(&next()) == "run first task"
+    });
+    daemon.signal(libc::SIGKILL);
+    daemon.wait_exit(Duration::from_secs(20));
+    wait_for("a frame without a daemon", || main_status(&next()).is_empty());
+    assert!(watch.try_wait().expect("try_wait").is_none(), "the watch ended");
+    watch.kill().expect("kill");
+    watch.wait().expect("wait");
+}
+
+#[test]
+fn every_command_takes_the_config_and_standard_input() {
+    let root = tempdir();
+    std::fs::write(
+        root.path().join("berth.toml"),
+        "data_dir = \"from-config\"\n[budget]\nmax_object = \"64KiB\"\n\
+         [handlers.K]\ncommand = [\"true\"]\n",
+    )
+    .expect("config");
+    let run = |args: &[&str], stdin: &str| {
+        let mut child = Command::new(common::berth_bin())
+            .current_dir(root.path())
+            .args(args)
+            .env("BERTH_CONFIG", "berth.toml")
+            .env_remove("BERTH_DATA_DIR")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("berth");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(stdin.as_bytes())
+            .expect("write stdin");
+        child.wait_with_output().expect("output")
+    };
+    // The batch comes from standard input; the data dir from the config.
+    let o = run(
+        &["enqueue", "--batch", "-"],
+        r#"[{"queue":"main","kind":"K","name":"a"}]"#,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(root.path().join("from-config/berth.dir").exists());
+    let o = run(&["enqueue", "--queue", "main", "--kind", "K", "--name", "p", "--payload-file", "-"], "{\"x\": 1}");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run(&["task", "show", "2", "-o", "json"], "");
+    let t: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(t["payload"], serde_json::json!({"x": 1}));
+    // The config's budget applies before anything is sent or written.
+    let mut rng = fastrand::Rng::with_seed(5);
+    let big: String = (0..200_000).map(|_| rng.alphanumeric()).collect();
+    let big = format!("\"{big}\"");
+    let before = snapshot(&root.path().join("from-config"));
+    let o = run(&["enqueue", "--queue", "main", "--kind", "K", "--name", "big", "--payload-file", "-"], &big);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("the object budget is 64 KiB"), "{}", stderr(&o));
+    assert_eq!(snapshot(&root.path().join("from-config")), before);
+    // --data-dir wins over the config.
+    let o = run(&["--data-dir", "other", "queue", "list"], "");
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("data dir other does not exist"), "{}", stderr(&o));
+}
+
+#[test]
+fn reading_never_writes_and_a_folder_that_is_not_a_data_dir_is_refused() {
+    let root = tempdir();
+    let dir = root.path().join("data");
+    assert!(berth(&dir, &["enqueue", "--queue", "main", "--kind", "K", "--name", "a"]).status.success());
+    let before = snapshot(&dir);
+    for args in [
+        &["queue", "list"][..],
+        &["queue", "list", "-o", "json"],
+        &["task", "show", "1"],
+        &["task", "list"],
+        &["verify"],
+    ] {
+        let o = berth(&dir, args);
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        assert_eq!(snapshot(&dir), before, "{args:?} changed the data dir");
+    }
+    // A read-only copy can be read.
+    let ro = root.path().join("ro");
+    assert!(Command::new("cp").arg("-a").arg(&dir).arg(&ro).status().expect("cp").success());
+    assert!(Command::new("chmod").args(["-R", "a-w"]).arg(&ro).status().expect("chmod").success());
+    let o = berth(&ro, &["task", "list", "-o", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("\"name\": \"a\""));
+    // Some other folder: refused, nothing created in it.
+    let other = root.path().join("other");
+    std::fs::create_dir(&other).expect("mkdir");
+    std::fs::write(other.join("notes.txt"), b"mine").expect("file");
+    for args in [
+        &["queue", "list"][..],
+        &["task", "list"],
+        &["task", "remove", "1"],
+        &["enqueue", "--queue", "main", "--kind", "K", "--name", "a"],
+    ] {
+        let o = berth(&other, args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}");
+        assert!(stderr(&o).contains("is not a berth data dir"), "{}", stderr(&o));
+        let names: Vec<_> = std::fs::read_dir(&other).expect("ls").flatten().map(|e| e.file_name()).collect();
+        assert_eq!(names, ["notes.txt"], "{args:?} wrote into the folder");
+    }
+}
+
+#[test]
+fn help_describes_every_flag_and_the_exit_codes() {
+    let o = Command::new(common::berth_bin()).arg("--help").output().expect("help");
+    assert!(o.status.success());
+    let help = stdout(&o);
+    for code in ["0 ", "1 ", "2 ", "3 ", "4 "] {
+        assert!(help.contains(&format!("\n  {code}")), "exit code {code}missing:\n{help}");
+    }
+    for (args, words) in [
+        (&["task", "list", "--help"][..], &["--status", "dead", "--since", "RFC 3339"][..]),
+        (&["enqueue", "--help"], &["--payload-file", "standard input", "--after"]),
+        (&["task", "show", "--help"], &["ID"]),
+    ] {
+        let o = Command::new(common::berth_bin()).args(args).output().expect("help");
+        let mut text = String::new();
+        o.stdout.as_slice().read_to_string(&mut text).expect("utf-8");
+        for w in words {
+            assert!(text.contains(w), "{args:?} help lacks {w}:\n{text}");
+        }
+    }
+}
