@@ -68,7 +68,7 @@ struct RawHandler {
     pre: Option<Spanned<Vec<String>>>,
     post: Option<Spanned<Vec<String>>>,
     timeout: Option<Spanned<String>>,
-    cwd: Option<String>,
+    cwd: Option<Spanned<String>>,
     #[serde(default)]
     env: BTreeMap<String, String>,
 }
@@ -100,6 +100,9 @@ pub struct ConfigError {
 struct Ctx<'a> {
     path: &'a Path,
     text: &'a str,
+    /// Also check what the config names on this machine: commands, their
+    /// folders (`Config::load` does; parsing alone does not).
+    on_this_machine: bool,
 }
 
 impl Ctx<'_> {
@@ -158,6 +161,21 @@ impl Ctx<'_> {
             Some(s) => parse_duration(s.get_ref()).map_err(|e| self.err(Some(s.span()), key, e)),
         }
     }
+    /// A duration that must be more than zero.
+    fn positive_duration(
+        &self,
+        v: &Option<Spanned<String>>,
+        key: &str,
+        default: Duration,
+    ) -> Result<Duration, ConfigError> {
+        let d = self.duration(v, key, default)?;
+        if d.is_zero() {
+            let span = v.as_ref().map(|s| s.span());
+            return Err(self.err(span, key, "must be more than 0"));
+        }
+        Ok(d)
+    }
+
     fn size(
         &self,
         v: &Option<Spanned<String>>,
@@ -221,8 +239,36 @@ fn resolve_argv(base: &Path, argv: &[String]) -> Vec<String> {
     v
 }
 
+/// Whether `prog` (a path with a `/`, already resolved, or a bare name
+/// looked up in `PATH`) names an executable file; the error says why not.
+fn runnable(prog: &str) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if prog.contains('/') {
+        let p = Path::new(prog);
+        return match std::fs::metadata(p) {
+            Err(_) => Err(format!("{prog} does not exist")),
+            Ok(m) if !m.is_file() => Err(format!("{prog} is not a file")),
+            Ok(_) if !executable(p) => Err(format!("{prog} is not executable (chmod +x it)")),
+            Ok(_) => Ok(()),
+        };
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    if std::env::split_paths(&path).any(|d| executable(&d.join(prog))) {
+        return Ok(());
+    }
+    Err(format!(
+        "'{prog}' is not found in PATH ({}); write its full path, or ./name for a file beside the config",
+        path.to_string_lossy()
+    ))
+}
+
 impl Config {
-    /// Reads and checks a config file.
+    /// Reads and checks a config file, also what it names on this machine:
+    /// every handler's command (a path must be an executable file, a bare
+    /// name must be found in `PATH`) and its `cwd` (a folder).
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
             path: path.to_path_buf(),
@@ -231,17 +277,35 @@ impl Config {
         })?;
         // Handlers run in their own cwd: paths must not depend on ours.
         let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
-        Self::parse(&abs, &text)
+        Self::parse_with(&abs, &text, true)
     }
 
-    /// Parses config text read from `path`.
+    /// Parses config text read from `path`, checking every value but not
+    /// what it names on this machine (see [`Config::load`]).
     pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
-        let cx = Ctx { path, text };
+        Self::parse_with(path, text, false)
+    }
+
+    fn parse_with(path: &Path, text: &str, on_this_machine: bool) -> Result<Config, ConfigError> {
+        let cx = Ctx {
+            path,
+            text,
+            on_this_machine,
+        };
         let raw = cx.deserialize()?;
         let base = match path.parent() {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),
         };
+        if let Some(d) = &raw.data_dir
+            && d.get_ref().trim().is_empty()
+        {
+            return Err(cx.err(
+                Some(d.span()),
+                "data_dir",
+                "must not be empty (it would put the data next to the config file)",
+            ));
+        }
         let data_dir = resolve(
             &base,
             raw.data_dir
@@ -283,7 +347,7 @@ impl Ctx<'_> {
         {
             None | Some(("sync", _)) => Ok(Durability::Sync),
             Some(("batched", _)) => Ok(Durability::Batched {
-                interval: self.duration(
+                interval: self.positive_duration(
                     &raw.flush_interval,
                     "flush_interval",
                     Duration::from_millis(100),
@@ -366,33 +430,51 @@ impl Ctx<'_> {
         base: &Path,
         budget: &Budget,
     ) -> Result<BTreeMap<String, CommandHandler>, ConfigError> {
+        if raw.handlers.is_empty() {
+            return Err(self.err_at(
+                None,
+                None,
+                "no [handlers.KIND] table: a daemon would have nothing to run tasks with",
+            ));
+        }
         let mut handlers = BTreeMap::new();
         for (kind, h) in &raw.handlers {
             let key = format!("handlers.{kind}");
             check_name("kind", kind).map_err(|e| self.err(Some(h.span()), &key, e))?;
             let hr = h.get_ref();
-            let timeout = self.duration(
+            let timeout = self.positive_duration(
                 &hr.timeout,
                 &format!("{key}.timeout"),
                 Duration::from_secs(600),
             )?;
-            let cwd = resolve(base, hr.cwd.as_deref().unwrap_or("."));
-            let mk =
-                |argv: &Spanned<Vec<String>>, name: &str| -> Result<CommandSpec, ConfigError> {
-                    if argv.get_ref().is_empty() {
-                        return Err(self.err(
-                            Some(argv.span()),
-                            &format!("{key}.{name}"),
-                            "the command must not be empty",
-                        ));
-                    }
-                    Ok(CommandSpec {
-                        argv: resolve_argv(base, argv.get_ref()),
-                        cwd: cwd.clone(),
-                        env: hr.env.clone(),
-                        timeout,
-                    })
-                };
+            let cwd = resolve(base, hr.cwd.as_ref().map_or(".", |c| c.get_ref().as_str()));
+            if self.on_this_machine && !cwd.is_dir() {
+                return Err(self.err(
+                    hr.cwd.as_ref().map(|c| c.span()).or(Some(h.span())),
+                    &format!("{key}.cwd"),
+                    format!("the folder {} does not exist", cwd.display()),
+                ));
+            }
+            let mk = |argv: &Spanned<Vec<String>>,
+                      name: &str|
+             -> Result<CommandSpec, ConfigError> {
+                let key = format!("{key}.{name}");
+                if argv.get_ref().is_empty() {
+                    return Err(self.err(Some(argv.span()), &key, "the command must not be empty"));
+                }
+                let resolved = resolve_argv(base, argv.get_ref());
+                if self.on_this_machine
+                    && let Err(why) = runnable(&resolved[0])
+                {
+                    return Err(self.err(Some(argv.span()), &key, why));
+                }
+                Ok(CommandSpec {
+                    argv: resolved,
+                    cwd: cwd.clone(),
+                    env: hr.env.clone(),
+                    timeout,
+                })
+            };
             handlers.insert(
                 kind.clone(),
                 CommandHandler {

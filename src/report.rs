@@ -731,7 +731,7 @@ Summary:
             let local = task_json(t, &b);
             let wire = over_the_wire(t, &b);
             assert_eq!(wire, local);
-            assert_eq!(task_text(&wire), task_text(&local));
+            assert_eq!(task_text(&wire, 0), task_text(&local, 0));
             assert_eq!(
                 serde_json::to_string_pretty(&wire).unwrap(),
                 serde_json::to_string_pretty(&local).unwrap()

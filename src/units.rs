@@ -135,11 +135,18 @@ mod tests {
     #[test]
     fn times_format_and_parse() {
         assert_eq!(format_time(1_796_040_000_250), "2026-11-30T12:00:00.250Z");
-        assert_eq!(parse_time("2026-11-30T12:00:00.250Z", 0), Ok(1_796_040_000_250));
+        assert_eq!(
+            parse_time("2026-11-30T12:00:00.250Z", 0),
+            Ok(1_796_040_000_250)
+        );
         assert_eq!(parse_time("2026-11-30 12:00:00", 0), Ok(1_796_040_000_000));
         assert_eq!(parse_time("90m", 10_000_000), Ok(10_000_000 - 5_400_000));
         assert_eq!(parse_time("1796040000250", 0), Ok(1_796_040_000_250));
-        assert!(parse_time("yesterday", 0).unwrap_err().contains("not a time"));
+        assert!(
+            parse_time("yesterday", 0)
+                .unwrap_err()
+                .contains("not a time")
+        );
         assert_eq!(format_age(0, 59_999), "59s");
         assert_eq!(format_age(0, 3_600_000), "1h");
         assert_eq!(format_age(5, 0), "0s");

@@ -110,13 +110,15 @@ fn batch_errors_name_the_entry_and_field_and_write_nothing() {
         "{err}"
     );
     // A type error names the entry (counted from 1) and the field.
-    std::fs::write(&f, r#"[{"queue":"main","kind":"K","name":"a","weight":"5"}]"#).unwrap();
+    std::fs::write(
+        &f,
+        r#"[{"queue":"main","kind":"K","name":"a","weight":"5"}]"#,
+    )
+    .unwrap();
     let o = berth(&d, &["enqueue", "--batch", f.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
     assert!(
-        stderr(&o).contains(
-            "entry 1 of 1, field weight: invalid type: string \"5\", expected i64"
-        ),
+        stderr(&o).contains("entry 1 of 1, field weight: invalid type: string \"5\", expected i64"),
         "{}",
         stderr(&o)
     );

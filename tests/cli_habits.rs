@@ -39,13 +39,34 @@ fn snapshot(dir: &Path) -> Vec<(String, u64)> {
 #[test]
 fn watch_goes_on_while_a_daemon_starts_and_stops() {
     let root = tempdir();
-    let cfg = write_root(root.path(), HOOK, "[handlers.Hold]\ncommand = [\"./hook.sh\"]\n");
+    let cfg = write_root(
+        root.path(),
+        HOOK,
+        "[handlers.Hold]\ncommand = [\"./hook.sh\"]\n",
+    );
     let dir = root.path().join("data");
-    assert!(berth(&dir, &["enqueue", "--queue", "main", "--kind", "Hold", "--name", "h"]).status.success());
+    assert!(
+        berth(
+            &dir,
+            &[
+                "enqueue", "--queue", "main", "--kind", "Hold", "--name", "h"
+            ]
+        )
+        .status
+        .success()
+    );
     let mut watch = Command::new(common::berth_bin())
         .arg("--data-dir")
         .arg(&dir)
-        .args(["queue", "list", "-o", "json", "--watch", "--interval", "50ms"])
+        .args([
+            "queue",
+            "list",
+            "-o",
+            "json",
+            "--watch",
+            "--interval",
+            "50ms",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -55,9 +76,16 @@ fn watch_goes_on_while_a_daemon_starts_and_stops() {
     std::thread::spawn(move || common::forward_lines(out, tx));
     let main_status = |line: &str| {
         let v: serde_json::Value = serde_json::from_str(line).expect("a JSON frame per line");
-        v["active"][0]["status"].as_str().unwrap_or_default().to_string()
+        v["active"][0]["status"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
     };
-    let next = || frames.recv_timeout(Duration::from_secs(20)).expect("a frame");
+    let next = || {
+        frames
+            .recv_timeout(Duration::from_secs(20))
+            .expect("a frame")
+    };
     assert_eq!(main_status(&next()), "");
     let mut daemon = Daemon::start(&cfg, &dir, &[]);
     wait_for("a frame with the daemon's live status", || {
@@ -65,8 +93,13 @@ fn watch_goes_on_while_a_daemon_starts_and_stops() {
     });
     daemon.signal(libc::SIGKILL);
     daemon.wait_exit(Duration::from_secs(20));
-    wait_for("a frame without a daemon", || main_status(&next()).is_empty());
-    assert!(watch.try_wait().expect("try_wait").is_none(), "the watch ended");
+    wait_for("a frame without a daemon", || {
+        main_status(&next()).is_empty()
+    });
+    assert!(
+        watch.try_wait().expect("try_wait").is_none(),
+        "the watch ended"
+    );
     watch.kill().expect("kill");
     watch.wait().expect("wait");
 }
@@ -106,7 +139,20 @@ fn every_command_takes_the_config_and_standard_input() {
     );
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(root.path().join("from-config/berth.dir").exists());
-    let o = run(&["enqueue", "--queue", "main", "--kind", "K", "--name", "p", "--payload-file", "-"], "{\"x\": 1}");
+    let o = run(
+        &[
+            "enqueue",
+            "--queue",
+            "main",
+            "--kind",
+            "K",
+            "--name",
+            "p",
+            "--payload-file",
+            "-",
+        ],
+        "{\"x\": 1}",
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     let o = run(&["task", "show", "2", "-o", "json"], "");
     let t: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
@@ -116,21 +162,49 @@ fn every_command_takes_the_config_and_standard_input() {
     let big: String = (0..200_000).map(|_| rng.alphanumeric()).collect();
     let big = format!("\"{big}\"");
     let before = snapshot(&root.path().join("from-config"));
-    let o = run(&["enqueue", "--queue", "main", "--kind", "K", "--name", "big", "--payload-file", "-"], &big);
+    let o = run(
+        &[
+            "enqueue",
+            "--queue",
+            "main",
+            "--kind",
+            "K",
+            "--name",
+            "big",
+            "--payload-file",
+            "-",
+        ],
+        &big,
+    );
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(stderr(&o).contains("the object budget is 64 KiB"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("the object budget is 64 KiB"),
+        "{}",
+        stderr(&o)
+    );
     assert_eq!(snapshot(&root.path().join("from-config")), before);
     // --data-dir wins over the config.
     let o = run(&["--data-dir", "other", "queue", "list"], "");
     assert_eq!(o.status.code(), Some(1));
-    assert!(stderr(&o).contains("data dir other does not exist"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("data dir other does not exist"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
 fn reading_never_writes_and_a_folder_that_is_not_a_data_dir_is_refused() {
     let root = tempdir();
     let dir = root.path().join("data");
-    assert!(berth(&dir, &["enqueue", "--queue", "main", "--kind", "K", "--name", "a"]).status.success());
+    assert!(
+        berth(
+            &dir,
+            &["enqueue", "--queue", "main", "--kind", "K", "--name", "a"]
+        )
+        .status
+        .success()
+    );
     let before = snapshot(&dir);
     for args in [
         &["queue", "list"][..],
@@ -145,8 +219,23 @@ fn reading_never_writes_and_a_folder_that_is_not_a_data_dir_is_refused() {
     }
     // A read-only copy can be read.
     let ro = root.path().join("ro");
-    assert!(Command::new("cp").arg("-a").arg(&dir).arg(&ro).status().expect("cp").success());
-    assert!(Command::new("chmod").args(["-R", "a-w"]).arg(&ro).status().expect("chmod").success());
+    assert!(
+        Command::new("cp")
+            .arg("-a")
+            .arg(&dir)
+            .arg(&ro)
+            .status()
+            .expect("cp")
+            .success()
+    );
+    assert!(
+        Command::new("chmod")
+            .args(["-R", "a-w"])
+            .arg(&ro)
+            .status()
+            .expect("chmod")
+            .success()
+    );
     let o = berth(&ro, &["task", "list", "-o", "json"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains("\"name\": \"a\""));
@@ -162,30 +251,180 @@ fn reading_never_writes_and_a_folder_that_is_not_a_data_dir_is_refused() {
     ] {
         let o = berth(&other, args);
         assert_eq!(o.status.code(), Some(1), "{args:?}");
-        assert!(stderr(&o).contains("is not a berth data dir"), "{}", stderr(&o));
-        let names: Vec<_> = std::fs::read_dir(&other).expect("ls").flatten().map(|e| e.file_name()).collect();
+        assert!(
+            stderr(&o).contains("is not a berth data dir"),
+            "{}",
+            stderr(&o)
+        );
+        let names: Vec<_> = std::fs::read_dir(&other)
+            .expect("ls")
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
         assert_eq!(names, ["notes.txt"], "{args:?} wrote into the folder");
     }
 }
 
 #[test]
 fn help_describes_every_flag_and_the_exit_codes() {
-    let o = Command::new(common::berth_bin()).arg("--help").output().expect("help");
+    let o = Command::new(common::berth_bin())
+        .arg("--help")
+        .output()
+        .expect("help");
     assert!(o.status.success());
     let help = stdout(&o);
     for code in ["0 ", "1 ", "2 ", "3 ", "4 "] {
-        assert!(help.contains(&format!("\n  {code}")), "exit code {code}missing:\n{help}");
+        assert!(
+            help.contains(&format!("\n  {code}")),
+            "exit code {code}missing:\n{help}"
+        );
     }
     for (args, words) in [
-        (&["task", "list", "--help"][..], &["--status", "dead", "--since", "RFC 3339"][..]),
-        (&["enqueue", "--help"], &["--payload-file", "standard input", "--after"]),
+        (
+            &["task", "list", "--help"][..],
+            &["--status", "dead", "--since", "RFC 3339"][..],
+        ),
+        (
+            &["enqueue", "--help"],
+            &["--payload-file", "standard input", "--after"],
+        ),
         (&["task", "show", "--help"], &["ID"]),
     ] {
-        let o = Command::new(common::berth_bin()).args(args).output().expect("help");
+        let o = Command::new(common::berth_bin())
+            .args(args)
+            .output()
+            .expect("help");
         let mut text = String::new();
-        o.stdout.as_slice().read_to_string(&mut text).expect("utf-8");
+        o.stdout
+            .as_slice()
+            .read_to_string(&mut text)
+            .expect("utf-8");
         for w in words {
             assert!(text.contains(w), "{args:?} help lacks {w}:\n{text}");
         }
     }
+}
+
+#[test]
+fn a_config_that_cannot_work_is_refused_with_its_file_line_and_key() {
+    let root = tempdir();
+    let cfg = root.path().join("berth.toml");
+    let cases = [
+        (
+            "data_dir = \"\"\n[handlers.K]\ncommand = [\"true\"]\n",
+            ":1: key data_dir: must not be empty",
+        ),
+        (
+            "[handlers.K]\ncommand = [\"pyhton3\"]\n",
+            ":2: key handlers.K.command: 'pyhton3' is not found in PATH",
+        ),
+        (
+            "[handlers.K]\ncommand = [\"./hooks/nope.sh\"]\n",
+            "/hooks/nope.sh does not exist",
+        ),
+        (
+            "[handlers.K]\ncommand = [\"true\"]\ncwd = \"missing\"\n",
+            ":3: key handlers.K.cwd: the folder",
+        ),
+        (
+            "[handlers.K]\ncommand = [\"true\"]\ntimeout = \"0s\"\n",
+            ":3: key handlers.K.timeout: must be more than 0",
+        ),
+        (
+            "durability = \"batched\"\nflush_interval = \"0ms\"\n[handlers.K]\ncommand = [\"true\"]\n",
+            ":2: key flush_interval: must be more than 0",
+        ),
+        ("node = \"edge-1\"\n", "no [handlers.KIND] table"),
+        (
+            "parallel_queues = \"ten\"\n[handlers.K]\ncommand = [\"true\"]\n",
+            ":1: key parallel_queues: invalid type",
+        ),
+    ];
+    for (text, says) in cases {
+        std::fs::write(&cfg, text).expect("config");
+        for args in [&["check"][..], &["run", "--until-idle"]] {
+            let o = Command::new(common::berth_bin())
+                .arg("--config")
+                .arg(&cfg)
+                .args(args)
+                .output()
+                .expect("berth");
+            assert_eq!(
+                o.status.code(),
+                Some(2),
+                "{text:?} {args:?}: {}",
+                stderr(&o)
+            );
+            let err = stderr(&o);
+            assert!(
+                err.contains(&cfg.display().to_string()) && err.contains(says),
+                "{text:?}: {err}"
+            );
+            assert!(
+                !root.path().join("berth-data").exists(),
+                "{text:?} created the data dir"
+            );
+        }
+    }
+    std::fs::write(&cfg, "[handlers.K]\ncommand = [\"true\"]\n").expect("config");
+    let o = Command::new(common::berth_bin())
+        .arg("--config")
+        .arg(&cfg)
+        .arg("check")
+        .output()
+        .expect("berth");
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).starts_with("ok: "), "{}", stdout(&o));
+}
+
+#[test]
+fn an_enqueue_of_a_kind_without_a_handler_is_refused_up_front() {
+    let root = tempdir();
+    let cfg = write_root(
+        root.path(),
+        HOOK,
+        "[handlers.Backup]\ncommand = [\"./hook.sh\"]\n[handlers.Sync]\ncommand = [\"./hook.sh\"]\n",
+    );
+    let dir = root.path().join("data");
+    let says =
+        "field kind: no handler for kind 'Bakup' here (the kinds with a handler: Backup, Sync)";
+    // Without a daemon, with the config: refused, nothing created.
+    let o = Command::new(common::berth_bin())
+        .arg("--config")
+        .arg(&cfg)
+        .arg("--data-dir")
+        .arg(&dir)
+        .args([
+            "enqueue", "--queue", "main", "--kind", "Bakup", "--name", "x",
+        ])
+        .output()
+        .expect("berth");
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains(says), "{}", stderr(&o));
+    assert!(!dir.exists());
+    // Through the daemon (which knows its handlers), without --config.
+    let _daemon = Daemon::start(&cfg, &dir, &[]);
+    let o = berth(
+        &dir,
+        &[
+            "enqueue", "--queue", "main", "--kind", "Bakup", "--name", "x",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains(says), "{}", stderr(&o));
+    let batch = root.path().join("b.json");
+    std::fs::write(
+        &batch,
+        r#"[{"queue":"q","kind":"Sync","name":"a"},{"queue":"q","kind":"Bakup","name":"b"}]"#,
+    )
+    .expect("batch");
+    let o = berth(&dir, &["enqueue", "--batch", &batch.to_string_lossy()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!("entry 2 of 2, {says}")),
+        "{}",
+        stderr(&o)
+    );
+    let o = berth(&dir, &["task", "list", "-o", "json"]);
+    assert_eq!(stdout(&o).trim(), "[]", "a refused enqueue added a task");
 }

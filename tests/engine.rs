@@ -488,7 +488,12 @@ fn the_seed_startup_batch_gives_the_seed_layout() {
     ];
     let views = e.queue_views();
     assert_eq!(views[0].name, "main");
-    assert_eq!(views[0].tasks, expected_main);
+    let lines: Vec<&str> = views[0]
+        .tasks
+        .iter()
+        .map(|t| t.description.as_str())
+        .collect();
+    assert_eq!(lines, expected_main);
     let stop = e.stop_handle();
     std::thread::scope(|sc| {
         let runner = sc.spawn(|| e.run());

@@ -75,13 +75,21 @@ fn config(root: &Path) -> PathBuf {
 
 /// What may differ between the two: queue statuses, which only a daemon
 /// has (`status: '...'` in a queue's header, and each queue's `status` in
-/// `queue list -o json`).
+/// `queue list -o json`), and the state of the holders, which run under the
+/// daemon only.
 fn normalize(text: &str) -> String {
     if let Ok(mut v @ serde_json::Value::Object(_)) = serde_json::from_str(text) {
         for part in ["active", "empty"] {
             if let Some(queues) = v[part].as_array_mut() {
                 for q in queues {
                     q["status"] = "<live>".into();
+                    // The holders run under the daemon only.
+                    for t in q["tasks"].as_array_mut().into_iter().flatten() {
+                        if t["kind"] == "Hold" {
+                            t["status"] = "<holder>".into();
+                            t["attempts"] = "<holder>".into();
+                        }
+                    }
                 }
             }
         }

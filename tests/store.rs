@@ -172,7 +172,10 @@ fn a_batch_with_one_bad_entry_writes_nothing_and_names_it() {
     let mut bad = spec("main", "y");
     bad.tags = vec!["no spaces allowed".into()];
     let err = submit::enqueue_batch(&s, vec![spec("main", "x"), bad]).unwrap_err();
-    assert!(err.to_string().starts_with("entry 2 of 2, field tags:"), "{err}");
+    assert!(
+        err.to_string().starts_with("entry 2 of 2, field tags:"),
+        "{err}"
+    );
     assert_eq!(s.queue_len("main"), 0);
     assert_eq!(s.next_seq(), 1);
     let ids = submit::enqueue_batch(&s, vec![spec("main", "x"), spec("main", "y")]).unwrap();
@@ -254,7 +257,11 @@ fn a_corrupt_record_is_reported_with_its_key_not_trusted() {
         "the corrupt task is still listed"
     );
     let view = berth::report::snapshot(&s, 0, &|_| String::new());
-    assert!(view[0].tasks[1].starts_with(&format!("<corrupt task {b}: record {key} is corrupt")));
+    assert!(
+        view[0].tasks[1]
+            .description
+            .starts_with(&format!("<corrupt task {b}: record {key} is corrupt"))
+    );
     assert!(
         verify::verify(&s).is_err(),
         "verify refuses to trust the corrupt record"

@@ -19,8 +19,7 @@ case "$BERTH_TASK_NAME" in
 esac
 "#;
 
-/// A fixed "now", so that ages print the same whenever the test runs.
-const NOW: &str = "2030-01-01T00:00:00Z";
+use common::NOW;
 
 fn list(dir: &Path, args: &[&str]) -> Output {
     Command::new(common::berth_bin())
@@ -74,8 +73,15 @@ fn task_list_finds_every_task_with_filters_the_same_with_and_without_a_daemon() 
         &["--status", "live"],
         &["--status", "history", "-o", "json"],
         &["--queue", "side"],
-        &["--kind", "Sh", "--name", "*-1", "--status", "queued", "--status", "running"],
-        &["--since", "2020-01-01T00:00:00Z", "--until", "2029-12-31T23:59:59Z"],
+        &[
+            "--kind", "Sh", "--name", "*-1", "--status", "queued", "--status", "running",
+        ],
+        &[
+            "--since",
+            "2020-01-01T00:00:00Z",
+            "--until",
+            "2029-12-31T23:59:59Z",
+        ],
         &["--since", "1m"],
     ];
     let through: Vec<String> = cases.iter().map(|a| ok(list(&dir, a))).collect();
@@ -117,7 +123,10 @@ fn task_list_finds_every_task_with_filters_the_same_with_and_without_a_daemon() 
     assert!(row(good)["finished_at"].as_u64().is_some());
 
     // Filters.
-    assert_eq!(ids(&ok(list(&dir, &["--status", "dead", "-o", "json"]))), [dead]);
+    assert_eq!(
+        ids(&ok(list(&dir, &["--status", "dead", "-o", "json"]))),
+        [dead]
+    );
     assert_eq!(
         ids(&ok(list(&dir, &["--status", "live", "-o", "json"]))),
         [running, queued]
@@ -128,11 +137,22 @@ fn task_list_finds_every_task_with_filters_the_same_with_and_without_a_daemon() 
         [running, queued]
     );
     assert_eq!(
-        ids(&ok(list(&dir, &["--name", "*-1", "--status", "queued", "--status", "running", "-o", "json"]))),
+        ids(&ok(list(
+            &dir,
+            &[
+                "--name", "*-1", "--status", "queued", "--status", "running", "-o", "json"
+            ]
+        ))),
         [running, queued]
     );
     // Everything happened "now" by the real clock, long before 2030 and after 2020.
-    assert_eq!(ids(&ok(list(&dir, &["--until", "2020-01-01T00:00:00Z", "-o", "json"]))), Vec::<u64>::new());
+    assert_eq!(
+        ids(&ok(list(
+            &dir,
+            &["--until", "2020-01-01T00:00:00Z", "-o", "json"]
+        ))),
+        Vec::<u64>::new()
+    );
     assert!(through[7].lines().count() == 5, "{}", through[7]);
     // `--since 1m` is one minute before BERTH_NOW (2030): nothing.
     assert_eq!(through[8].lines().count(), 1, "{}", through[8]);
@@ -140,7 +160,10 @@ fn task_list_finds_every_task_with_filters_the_same_with_and_without_a_daemon() 
     // Bad input is refused with exit 2, before anything is read.
     for (args, says) in [
         (&["--status", "zombie"][..], "'zombie' is not a status"),
-        (&["--since", "yesterday"][..], "--since: 'yesterday' is not a time"),
+        (
+            &["--since", "yesterday"][..],
+            "--since: 'yesterday' is not a time",
+        ),
     ] {
         let o = list(&dir, args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));

@@ -65,6 +65,9 @@ pub enum Command {
     Task(TaskCommand),
     /// Replay the event log and check that it agrees with the stored state.
     Verify,
+    /// Check a config (--config FILE) as `berth run` would, and also what it
+    /// names on this machine (every handler's command and folder).
+    Check,
 }
 
 #[derive(Debug, Args)]

@@ -4,13 +4,13 @@
 //! the answer. So a command's output and exit code do not depend on whether
 //! a daemon runs.
 
-use berth::ops::{Access, OpError, Request, TaskFilter};
-use berth::report::TaskRow;
-use berth::units;
+use berth::ops::{Access, Ctx, OpError, Request, TaskFilter};
 use berth::report;
+use berth::report::TaskRow;
 use berth::store::Store;
 use berth::submit::{self, EnqueueError};
 use berth::task::TaskSpec;
+use berth::units;
 use serde_json::Value;
 
 use super::args::{Cli, Command, EnqueueArgs, Format, ListArgs, QueueCommand, TaskCommand};
@@ -39,6 +39,7 @@ pub fn run(cli: Cli, data_dir_given: bool) -> Result<(), CliError> {
         Command::Task(TaskCommand::Retry { id }) => task_retry(s, id),
         Command::Task(TaskCommand::List(a)) => task_list(s, a),
         Command::Verify => verify(s),
+        Command::Check => check(s),
     }
 }
 
@@ -62,8 +63,12 @@ fn enqueue(s: &Session, a: EnqueueArgs) -> Result<(), CliError> {
         // Refused here, before anything is sent or opened.
         submit::check(&tasks, &s.budget)
             .map_err(|e| CliError::from(OpError::from(e).context(&source)))?;
-        let ids =
-            s.run(Request::EnqueueBatch { tasks }).map_err(|e| e.context(&source))?;
+        Ctx::direct(None, s.kinds().as_deref())
+            .check_kinds(&tasks)
+            .map_err(|e| e.context(&source))?;
+        let ids = s
+            .run(Request::EnqueueBatch { tasks })
+            .map_err(|e| e.context(&source))?;
         return print_ids(&ids_of(&ids));
     }
     let payload = match (&a.payload, &a.payload_file) {
@@ -99,6 +104,7 @@ fn enqueue(s: &Session, a: EnqueueArgs) -> Result<(), CliError> {
     {
         return Err(CliError::input(format!("--{}: {reason}", flag_of(field))));
     }
+    Ctx::direct(None, s.kinds().as_deref()).check_kinds(std::slice::from_ref(&spec))?;
     let req = Request::Enqueue {
         spec: Box::new(spec),
         first: a.first,
@@ -199,6 +205,25 @@ fn task_list(s: &Session, a: ListArgs) -> Result<(), CliError> {
             serde_json::to_string_pretty(&rows).unwrap_or_default()
         )),
     }
+}
+
+/// `berth check`: the config was loaded (and so checked) with the session;
+/// says what it found.
+fn check(s: &Session) -> Result<(), CliError> {
+    let c = s
+        .config
+        .as_ref()
+        .ok_or_else(|| CliError::input("berth check needs --config FILE (or BERTH_CONFIG)"))?;
+    let kinds: Vec<&str> = c.handlers.keys().map(String::as_str).collect();
+    out(&format!(
+        "ok: {}: data dir {}, node {}, {} parallel queues, {} handler(s): {}\n",
+        c.path.display(),
+        c.data_dir.display(),
+        c.node.as_deref().unwrap_or("-"),
+        c.engine.parallel_queues,
+        kinds.len(),
+        kinds.join(", ")
+    ))
 }
 
 /// `verify` opens the data dir itself (never through a daemon): it replays

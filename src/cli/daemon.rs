@@ -31,7 +31,7 @@ pub fn run(a: RunArgs, s: &Session) -> Result<(), CliError> {
     let batch = a.enqueue.as_deref().map(read_batch).transpose()?;
     let engine = start_engine(&config)?;
     if let Some((f, specs)) = batch {
-        let ids = ops::enqueue_batch(&Ctx::daemon(&engine), specs)
+        let ids = ops::enqueue_batch(&Ctx::daemon(&engine, &engine.kinds()), specs)
             .map_err(|e| e.context(&format!("batch file {}: ", f.display())))?;
         log::info!("enqueued {} task(s) from {}", ids.len(), f.display());
     }

@@ -37,9 +37,7 @@ impl Session {
     /// the config, or their defaults.
     pub fn from_args(cli: &Cli, data_dir_given: bool) -> Result<Session, CliError> {
         let config = match &cli.config {
-            Some(path) => {
-                Some(Config::load(path).map_err(|e| CliError::input(e.to_string()))?)
-            }
+            Some(path) => Some(Config::load(path).map_err(|e| CliError::input(e.to_string()))?),
             None => None,
         };
         let dir = match (&config, data_dir_given) {
@@ -96,7 +94,10 @@ impl Session {
             }
             let opts = self.options(req.access());
             match Store::open(&self.dir, opts, clock::system()) {
-                Ok(store) => return ops::execute(&Ctx::direct(Some(&store)), req),
+                Ok(store) => {
+                    let kinds = self.kinds();
+                    return ops::execute(&Ctx::direct(Some(&store), kinds.as_deref()), req);
+                }
                 Err(OpenError::InUse { holder, .. })
                     if holder.role == Some(Role::Daemon) && start.elapsed() < self.timeout =>
                 {
@@ -105,6 +106,13 @@ impl Session {
                 Err(e) => return Err(e.into()),
             }
         }
+    }
+
+    /// The kinds the config has handlers for (`None` without a config).
+    pub fn kinds(&self) -> Option<Vec<String>> {
+        self.config
+            .as_ref()
+            .map(|c| c.handlers.keys().cloned().collect())
     }
 
     pub fn dir(&self) -> &Path {

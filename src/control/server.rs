@@ -636,7 +636,7 @@ fn take_lines(
 
 fn respond(engine: &Engine, line: &[u8]) -> Response {
     match parse_request(line) {
-        Ok(req) => ops::execute(&Ctx::daemon(engine), req).into(),
+        Ok(req) => ops::execute(&Ctx::daemon(engine, &engine.kinds()), req).into(),
         Err(r) => r,
     }
 }

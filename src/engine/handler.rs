@@ -144,6 +144,12 @@ impl Handlers {
     pub fn get(&self, kind: &str) -> Option<&Arc<dyn Handler>> {
         self.by_kind.get(kind)
     }
+    /// The kinds with a handler, sorted.
+    pub fn kinds(&self) -> Vec<String> {
+        let mut k: Vec<String> = self.by_kind.keys().cloned().collect();
+        k.sort();
+        k
+    }
 }
 
 fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {

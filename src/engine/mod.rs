@@ -171,6 +171,11 @@ impl Engine {
         &self.store
     }
 
+    /// The kinds this engine has a handler for, sorted.
+    pub fn kinds(&self) -> Vec<String> {
+        self.handlers.kinds()
+    }
+
     pub fn config(&self) -> &EngineConfig {
         &self.config
     }

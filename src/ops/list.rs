@@ -4,8 +4,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::{Ctx, OpError};
-use crate::store::CorruptRecord;
 use crate::report::{Place, TaskRow};
+use crate::store::CorruptRecord;
 
 /// Which tasks `task list` shows. Empty lists select everything.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -56,10 +56,7 @@ impl TaskFilter {
 
     fn selects(&self, row: &TaskRow) -> bool {
         let any = |list: &[String], v: &str| list.is_empty() || list.iter().any(|x| x == v);
-        let when = row
-            .finished_at
-            .or(row.started_at)
-            .unwrap_or(row.queued_at);
+        let when = row.finished_at.or(row.started_at).unwrap_or(row.queued_at);
         any(&self.queues, &row.queue)
             && any(&self.kinds, &row.kind)
             && (self.statuses.is_empty() || self.statuses.iter().any(|s| row.is(s)))

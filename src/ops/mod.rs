@@ -136,23 +136,50 @@ pub struct Ctx<'a> {
     /// The running engine, when a daemon runs the operation: live statuses,
     /// and a wake-up after a change.
     pub engine: Option<&'a Engine>,
+    /// The kinds that can run (a daemon's handlers, or a command's
+    /// `--config`); an enqueue of another kind is refused. `None`: not known.
+    pub kinds: Option<&'a [String]>,
 }
 
 impl<'a> Ctx<'a> {
-    /// The daemon's context.
-    pub fn daemon(engine: &'a Engine) -> Self {
+    /// The daemon's context; `kinds` are its handlers'.
+    pub fn daemon(engine: &'a Engine, kinds: &'a [String]) -> Self {
         Ctx {
             store: Some(engine.store()),
             engine: Some(engine),
+            kinds: Some(kinds),
         }
     }
 
-    /// A command's own context, on a store it opened (or none).
-    pub fn direct(store: Option<&'a Store>) -> Self {
+    /// A command's own context, on a store it opened (or none), with the
+    /// kinds its config has handlers for, if it has a config.
+    pub fn direct(store: Option<&'a Store>, kinds: Option<&'a [String]>) -> Self {
         Ctx {
             store,
             engine: None,
+            kinds,
         }
+    }
+
+    /// Refuses specs whose kind cannot run here (a batch names its entry).
+    pub fn check_kinds(&self, specs: &[TaskSpec]) -> Result<(), OpError> {
+        let Some(kinds) = self.kinds else {
+            return Ok(());
+        };
+        for (i, spec) in specs.iter().enumerate() {
+            if !kinds.contains(&spec.kind) {
+                let entry = match specs.len() {
+                    1 => String::new(),
+                    n => format!("{}, ", crate::submit::Entry::at(i, n)),
+                };
+                return Err(OpError::input(format!(
+                    "{entry}field kind: no handler for kind '{}' here (the kinds with a handler: {})",
+                    spec.kind,
+                    kinds.join(", ")
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Tells the engine (if one runs) that the queues changed.

@@ -43,13 +43,18 @@ pub fn berth_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_berth"))
 }
 
-/// Runs `berth --data-dir DIR ARGS...`.
+/// The "now" the `berth` helper's commands show ages against, so that two
+/// runs of one command print the same text.
+pub const NOW: &str = "2030-01-01T00:00:00Z";
+
+/// Runs `berth --data-dir DIR ARGS...` (with `BERTH_NOW` = [`NOW`]).
 pub fn berth(dir: &Path, args: &[&str]) -> Output {
     Command::new(berth_bin())
         .arg("--data-dir")
         .arg(dir)
         .args(args)
         .env("RUST_LOG", "warn")
+        .env("BERTH_NOW", NOW)
         .output()
         .expect("run berth")
 }
