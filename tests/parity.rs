@@ -154,6 +154,25 @@ fn every_command_answers_the_same_with_and_without_a_daemon() {
         compare(&a, &b, &["task", "show", "99"]).status.code(),
         Some(1)
     );
+    // The holders run under the daemon only: list the others.
+    compare(
+        &a,
+        &b,
+        &["task", "list", "--kind", "Work", "--kind", "ParallelWork"],
+    );
+    compare(&a, &b, &["task", "list", "--kind", "Work", "-o", "json"]);
+    compare(&a, &b, &["task", "list", "--status", "dead"]);
+    compare(
+        &a,
+        &b,
+        &["task", "list", "--status", "waiting", "--name", "m*"],
+    );
+    assert_eq!(
+        compare(&a, &b, &["task", "list", "--status", "nope"])
+            .status
+            .code(),
+        Some(2)
+    );
 
     // Writes, and errors of every class.
     let big = root.path().join("big.json");
