@@ -1,0 +1,353 @@
+//! Archive segments: commit records that retention took out of the store's
+//! log, kept in zstd-compressed, checksummed files under `DIR/archive/`, so
+//! that the whole history can still be replayed offline.
+//!
+//! One segment file, `seg-<first event, 20 digits>.bsg`, holds a run of
+//! consecutive commit records (all numbers little-endian):
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 8 | magic `BERTHSEG` |
+//! | 8 | 2 | format version, 1 |
+//! | 10 | 2 | flags, 0 |
+//! | 12 | 8 | the first event number in the segment |
+//! | 20 | 8 | the last event number in the segment |
+//! | 28 | 4 | record count |
+//! | 32 | 8 | length of the records once decompressed |
+//! | 40 | 8 | compressed length `N` |
+//! | 48 | `N` | one zstd frame: for each record, its length (4 bytes) and the record as the codec frames it (version byte, bincode body, CRC-32) |
+//! | 48+`N` | 4 | CRC-32 of bytes `0 .. 48+N` |
+//!
+//! A segment is written to a temporary name, fsync-ed, renamed into place
+//! and its folder fsync-ed, so a crash leaves a whole segment or none.
+//! Reading checks the magic, the version, the lengths and the checksum
+//! before it decompresses, decompresses no more than the header says (at
+//! most [`MAX_SEGMENT_BYTES`]), and every record has its own checksum.
+//! Segments decode in parallel ([`read_all`], with rayon).
+
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
+
+use crate::codec;
+use crate::store::event::CommitRecord;
+
+/// The folder of a data dir's archive.
+pub const DIR: &str = "archive";
+const MAGIC: &[u8; 8] = b"BERTHSEG";
+const VERSION: u16 = 1;
+const HEADER: usize = 48;
+/// The most a segment's records may take decompressed.
+pub const MAX_SEGMENT_BYTES: u64 = 1 << 30;
+/// The zstd level segments are written with.
+const LEVEL: i32 = 3;
+
+/// Why a segment cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ArchiveError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("{path}: not a berth archive segment ({why})")]
+    Invalid { path: PathBuf, why: String },
+    #[error("{path}: record {index} is corrupt: {why}")]
+    Record {
+        path: PathBuf,
+        index: usize,
+        why: String,
+    },
+}
+
+/// What a segment's header says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentInfo {
+    pub path: PathBuf,
+    pub first_seq: u64,
+    pub last_seq: u64,
+    pub records: u32,
+    /// The file's size on disk.
+    pub bytes: u64,
+}
+
+/// The segment file name for a run that starts at `first_seq`.
+pub fn segment_name(first_seq: u64) -> String {
+    format!("seg-{first_seq:020}.bsg")
+}
+
+/// Writes one segment of `records` (each a commit record as the codec
+/// framed it, in event order) into `dir`, durably. Returns its path.
+pub fn write_segment(
+    dir: &Path,
+    first_seq: u64,
+    last_seq: u64,
+    records: &[Vec<u8>],
+) -> io::Result<PathBuf> {
+    fs::create_dir_all(dir)?;
+    let mut raw = Vec::with_capacity(records.iter().map(|r| r.len() + 4).sum());
+    for r in records {
+        raw.extend_from_slice(&(r.len() as u32).to_le_bytes());
+        raw.extend_from_slice(r);
+    }
+    let packed = zstd::bulk::compress(&raw, LEVEL)?;
+    let mut out = Vec::with_capacity(HEADER + packed.len() + 4);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(&0u16.to_le_bytes());
+    out.extend_from_slice(&first_seq.to_le_bytes());
+    out.extend_from_slice(&last_seq.to_le_bytes());
+    out.extend_from_slice(&(records.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(raw.len() as u64).to_le_bytes());
+    out.extend_from_slice(&(packed.len() as u64).to_le_bytes());
+    out.extend_from_slice(&packed);
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    let path = dir.join(segment_name(first_seq));
+    let tmp = dir.join(format!(".{}.tmp", segment_name(first_seq)));
+    {
+        let mut f = File::create(&tmp)?;
+        f.write_all(&out)?;
+        f.sync_all()?;
+    }
+    fs::rename(&tmp, &path)?;
+    File::open(dir)?.sync_all()?;
+    Ok(path)
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(a)
+}
+
+/// Checks a segment's header (only) and says what it holds.
+fn parse_header(path: &Path, bytes: &[u8]) -> Result<(SegmentInfo, u64, u64), ArchiveError> {
+    let invalid = |why: String| ArchiveError::Invalid {
+        path: path.to_path_buf(),
+        why,
+    };
+    if bytes.len() < HEADER + 4 {
+        return Err(invalid(format!("{} bytes is too short", bytes.len())));
+    }
+    if &bytes[..8] != MAGIC {
+        return Err(invalid("no BERTHSEG magic".into()));
+    }
+    let version = u16::from_le_bytes([bytes[8], bytes[9]]);
+    if version != VERSION {
+        return Err(invalid(format!(
+            "format version {version}; this build reads version {VERSION}"
+        )));
+    }
+    let (raw_len, packed_len) = (u64_at(bytes, 32), u64_at(bytes, 40));
+    if packed_len != (bytes.len() - HEADER - 4) as u64 {
+        return Err(invalid(format!(
+            "it says {packed_len} compressed bytes but holds {}",
+            bytes.len() - HEADER - 4
+        )));
+    }
+    if raw_len > MAX_SEGMENT_BYTES {
+        return Err(invalid(format!(
+            "it claims {raw_len} bytes of records; at most {MAX_SEGMENT_BYTES} are read"
+        )));
+    }
+    let stored = u32_at(bytes, bytes.len() - 4);
+    let computed = crc32fast::hash(&bytes[..bytes.len() - 4]);
+    if stored != computed {
+        return Err(invalid(format!(
+            "checksum mismatch (stored {stored:08x}, computed {computed:08x})"
+        )));
+    }
+    let info = SegmentInfo {
+        path: path.to_path_buf(),
+        first_seq: u64_at(bytes, 12),
+        last_seq: u64_at(bytes, 20),
+        records: u32_at(bytes, 28),
+        bytes: bytes.len() as u64,
+    };
+    if info.first_seq > info.last_seq {
+        return Err(invalid(format!(
+            "its events run from {} to {}",
+            info.first_seq, info.last_seq
+        )));
+    }
+    Ok((info, raw_len, packed_len))
+}
+
+/// Reads and checks one segment: its commit records, in order.
+pub fn read_segment(path: &Path) -> Result<(SegmentInfo, Vec<CommitRecord>), ArchiveError> {
+    let bytes = fs::read(path).map_err(|source| ArchiveError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let (info, raw_len, _) = parse_header(path, &bytes)?;
+    let raw = zstd::bulk::decompress(&bytes[HEADER..bytes.len() - 4], raw_len as usize)
+        .map_err(|e| ArchiveError::Invalid {
+            path: path.to_path_buf(),
+            why: format!("its records do not decompress: {e}"),
+        })?;
+    if raw.len() as u64 != raw_len {
+        return Err(ArchiveError::Invalid {
+            path: path.to_path_buf(),
+            why: format!("{} bytes decompressed, {raw_len} expected", raw.len()),
+        });
+    }
+    let slices = split_records(path, &raw, info.records)?;
+    let records = slices
+        .par_iter()
+        .enumerate()
+        .map(|(index, r)| {
+            codec::decode::<CommitRecord>(r).map_err(|e| ArchiveError::Record {
+                path: path.to_path_buf(),
+                index,
+                why: e.to_string(),
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((info, records))
+}
+
+/// Cuts the decompressed records apart by their length prefixes.
+fn split_records<'a>(
+    path: &Path,
+    mut raw: &'a [u8],
+    count: u32,
+) -> Result<Vec<&'a [u8]>, ArchiveError> {
+    let mut out = Vec::with_capacity(count.min(1 << 20) as usize);
+    while !raw.is_empty() {
+        let bad = |why: &str| ArchiveError::Record {
+            path: path.to_path_buf(),
+            index: out.len(),
+            why: why.to_string(),
+        };
+        if raw.len() < 4 {
+            return Err(bad("a record's length is cut short"));
+        }
+        let len = u32_at(raw, 0) as usize;
+        if raw.len() - 4 < len {
+            return Err(bad("a record is cut short"));
+        }
+        out.push(&raw[4..4 + len]);
+        raw = &raw[4 + len..];
+    }
+    if out.len() != count as usize {
+        return Err(ArchiveError::Invalid {
+            path: path.to_path_buf(),
+            why: format!("it holds {} records, its header says {count}", out.len()),
+        });
+    }
+    Ok(out)
+}
+
+/// The segments in `dir` (a data dir's `archive/`), by their first event;
+/// files that are not segments are left out, as are unreadable headers
+/// (which [`read_segment`] reports).
+pub fn list(dir: &Path) -> io::Result<Vec<SegmentInfo>> {
+    let mut out = Vec::new();
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(e),
+    };
+    for e in entries {
+        let path = e?.path();
+        let is_segment = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("seg-") && n.ends_with(".bsg"));
+        if !is_segment {
+            continue;
+        }
+        let mut head = [0u8; HEADER];
+        let read = File::open(&path).and_then(|mut f| {
+            use std::io::Read;
+            f.read_exact(&mut head)
+        });
+        if read.is_err() || &head[..8] != MAGIC {
+            continue;
+        }
+        out.push(SegmentInfo {
+            first_seq: u64_at(&head, 12),
+            last_seq: u64_at(&head, 20),
+            records: u32_at(&head, 28),
+            bytes: fs::metadata(&path)?.len(),
+            path,
+        });
+    }
+    out.sort_by_key(|s| s.first_seq);
+    Ok(out)
+}
+
+/// Reads every segment in `segments`, in parallel (rayon), and returns all
+/// their records in event order.
+pub fn read_all(segments: &[SegmentInfo]) -> Result<Vec<CommitRecord>, ArchiveError> {
+    let parts = segments
+        .par_iter()
+        .map(|s| read_segment(&s.path).map(|(_, r)| r))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(parts.into_iter().flatten().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::event::{Event, EventKind};
+
+    fn record(seq: u64) -> Vec<u8> {
+        codec::encode(&CommitRecord {
+            next_id: seq + 1,
+            events: vec![Event {
+                seq,
+                at: 1_000 + seq,
+                kind: EventKind::Started { id: seq },
+            }],
+            writes: Vec::new(),
+        })
+    }
+
+    #[test]
+    fn a_segment_reads_back_and_any_damage_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let recs: Vec<Vec<u8>> = (5..=9).map(record).collect();
+        let path = write_segment(dir.path(), 5, 9, &recs).unwrap();
+        assert_eq!(path.file_name().unwrap(), "seg-00000000000000000005.bsg");
+        let (info, back) = read_segment(&path).unwrap();
+        assert_eq!((info.first_seq, info.last_seq, info.records), (5, 9, 5));
+        let seqs: Vec<u64> = back.iter().map(|r| r.events[0].seq).collect();
+        assert_eq!(seqs, [5, 6, 7, 8, 9]);
+        assert_eq!(list(dir.path()).unwrap(), vec![info]);
+
+        let good = fs::read(&path).unwrap();
+        // Every truncation, and a flip of every byte, is refused.
+        for cut in [0, 10, HEADER, good.len() - 5, good.len() - 1] {
+            fs::write(&path, &good[..cut]).unwrap();
+            assert!(read_segment(&path).is_err(), "cut at {cut}");
+        }
+        for i in 0..good.len() {
+            let mut bad = good.clone();
+            bad[i] ^= 0x40;
+            fs::write(&path, &bad).unwrap();
+            assert!(read_segment(&path).is_err(), "a flip at byte {i} was accepted");
+        }
+    }
+
+    #[test]
+    fn segments_read_in_parallel_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        for start in [1u64, 11, 21] {
+            let recs: Vec<Vec<u8>> = (start..start + 10).map(record).collect();
+            write_segment(dir.path(), start, start + 9, &recs).unwrap();
+        }
+        fs::write(dir.path().join("notes.txt"), b"not a segment").unwrap();
+        let segs = list(dir.path()).unwrap();
+        assert_eq!(segs.len(), 3);
+        let all = read_all(&segs).unwrap();
+        let seqs: Vec<u64> = all.iter().map(|r| r.events[0].seq).collect();
+        assert_eq!(seqs, (1..=30).collect::<Vec<_>>());
+    }
+}
