@@ -649,6 +649,7 @@ fn a_repeating_head_shows_repeat_head_task_until_a_worker_takes_it() {
         queue: "q".into(),
         outcome: Outcome::new(RunResult::Repeat),
         duration_ms: 1,
+        output: Default::default(),
     };
     sched.complete(&mut w, &env, done).unwrap();
     w.commit().unwrap();
