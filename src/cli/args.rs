@@ -135,9 +135,28 @@ pub enum TaskCommand {
         output: Format,
     },
     /// Remove a task (a group parent takes its children with it).
-    Remove { id: u64 },
+    Remove {
+        id: u64,
+        /// Also remove a finished task (its record and attempt logs are deleted).
+        #[arg(long)]
+        history: bool,
+    },
     /// Put a dead letter (a task that used up its attempts) back into its queue.
     Retry { id: u64 },
+    /// Show a task's recorded attempts: how each ended, and its stdout and stderr tails.
+    Log {
+        id: u64,
+        /// Only this attempt.
+        #[arg(long, conflicts_with = "follow")]
+        attempt: Option<u32>,
+        /// Keep printing the running attempt's output until the task finishes.
+        #[arg(long)]
+        follow: bool,
+        #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
+        output: Format,
+    },
+    /// Cancel a task: a queued one at once, a running one by stopping its handler.
+    Cancel { id: u64 },
 }
 
 fn parse_interval(s: &str) -> Result<std::time::Duration, String> {

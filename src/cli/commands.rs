@@ -38,8 +38,15 @@ pub fn run(cli: Cli, data_dir_given: bool) -> Result<(), CliError> {
             }
         }
         Command::Task(TaskCommand::Show { id, output }) => task_show(dir, id, output),
-        Command::Task(TaskCommand::Remove { id }) => task_remove(dir, id),
+        Command::Task(TaskCommand::Remove { id, history }) => task_remove(dir, id, history),
         Command::Task(TaskCommand::Retry { id }) => task_retry(dir, id),
+        Command::Task(TaskCommand::Log {
+            id,
+            attempt,
+            follow,
+            output,
+        }) => super::tasklog::run(dir, id, attempt, follow, output),
+        Command::Task(TaskCommand::Cancel { id }) => task_cancel(dir, id),
         Command::Verify => verify(dir),
     }
 }
@@ -123,10 +130,16 @@ fn task_show(dir: &Path, id: u64, output: Format) -> Result<(), CliError> {
     }
 }
 
-fn task_remove(dir: &Path, id: u64) -> Result<(), CliError> {
-    let removed = ids_of(&session::run(dir, Request::TaskRemove { id })?);
+fn task_remove(dir: &Path, id: u64, history: bool) -> Result<(), CliError> {
+    let removed = ids_of(&session::run(dir, Request::TaskRemove { id, history })?);
     let list: Vec<String> = removed.iter().map(u64::to_string).collect();
     out(&format!("removed {}\n", list.join(" ")))
+}
+
+fn task_cancel(dir: &Path, id: u64) -> Result<(), CliError> {
+    let cancelled = ids_of(&session::run(dir, Request::TaskCancel { id })?);
+    let list: Vec<String> = cancelled.iter().map(u64::to_string).collect();
+    out(&format!("cancelled {}\n", list.join(" ")))
 }
 
 fn task_retry(dir: &Path, id: u64) -> Result<(), CliError> {
