@@ -657,16 +657,25 @@ impl Handler for CommandHandler {
 
     fn run(&self, ctx: &TaskContext) -> Outcome {
         let stdin = serde_json::to_vec(&ctx.payload).unwrap_or_default();
+        // A fresh private file (0600, in the temp dir) per attempt, removed
+        // when the attempt is over; only its path is kept open. Without a
+        // usable temp dir the command runs without one.
         let result_file = match tempfile::Builder::new().prefix("berth-result-").tempfile() {
-            Ok(f) => f,
-            Err(e) => return Outcome::fail(format!("cannot create the result file: {e}")),
+            Ok(f) => Some(f.into_temp_path()),
+            Err(e) => {
+                log::warn!(
+                    "task {}: cannot create a result file ({e}); {RESULT_ENV} is not set",
+                    ctx.task.id
+                );
+                None
+            }
         };
         let f = match run_command(
             &self.run,
             ctx,
             &stdin,
             self.max_output,
-            Some(result_file.path()),
+            result_file.as_deref(),
         ) {
             Ok(f) => f,
             Err(e) => return Outcome::fail(e),
@@ -681,7 +690,10 @@ impl Handler for CommandHandler {
             ));
         }
         match f.code {
-            Some(0) => match read_result_file(result_file.path(), self.max_output) {
+            Some(0) => match result_file
+                .as_deref()
+                .and_then(|p| read_result_file(p, self.max_output))
+            {
                 Some((bytes, cut)) if !bytes.is_empty() => {
                     result_outcome(&bytes, cut, "the result file", self.max_output)
                 }
