@@ -251,10 +251,30 @@ fn a_task_keeps_the_logs_of_its_last_twenty_attempts_and_removing_it_drops_them(
         Err(WriteError::WrongState { .. })
     ));
     w.commit().unwrap();
+    // A log must be for the task's current attempt.
+    let mut w = s.write();
+    let mut log = AttemptLog::interrupted(24, None, T0);
+    assert_eq!(
+        w.log_attempt(a, log.clone()).unwrap_err().to_string(),
+        format!("task {a} is at attempt 25, not 24; cannot log that attempt")
+    );
+    log.attempt = 25;
+    w.log_attempt(a, log).unwrap();
+    drop(w);
     let mut w = s.write();
     w.remove(a).unwrap();
     w.commit().unwrap();
     assert!(s.attempts(a).unwrap().is_empty());
+    assert!(s.all_attempts().is_empty());
+    assert_log_agrees(&s);
+    // A log and a removal in one transaction leave no log behind.
+    let c = add(&s, "main", "c", Placement::Last);
+    let mut w = s.write();
+    w.start(c).unwrap();
+    w.log_attempt(c, AttemptLog::interrupted(1, None, T0))
+        .unwrap();
+    w.remove(c).unwrap();
+    w.commit().unwrap();
     assert!(s.all_attempts().is_empty());
     assert_log_agrees(&s);
 }

@@ -74,41 +74,64 @@ impl Captured {
     }
 }
 
-/// A wake-up a poll loop can wait on: an eventfd that becomes readable once
-/// [`CancelSignal::raise`] was called (and stays so). Without eventfds, the
-/// flag alone, which the poll loop then checks on a short tick.
-#[derive(Debug)]
+/// A wake-up a poll loop can wait on: a flag, and an eventfd (made on
+/// first use, so an attempt nobody polls costs no descriptor) that becomes
+/// readable once [`CancelSignal::raise`] was called, and stays so. Without
+/// eventfds, the flag alone, which the poll loop then checks on a short
+/// tick.
+#[derive(Debug, Default)]
 struct CancelSignal {
     raised: AtomicBool,
-    fd: Option<OwnedFd>,
+    /// Made by the first `fd()`; `raise` and `fd` hold this lock, so a
+    /// raise is never missed by a descriptor made meanwhile.
+    fd: Mutex<Option<OwnedFd>>,
+}
+
+/// Makes an eventfd readable.
+fn signal_fd(fd: &OwnedFd) {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a live u64 to our own eventfd.
+    unsafe {
+        libc::write(
+            fd.as_raw_fd(),
+            (&one as *const u64).cast(),
+            std::mem::size_of::<u64>(),
+        );
+    }
 }
 
 impl CancelSignal {
-    fn new() -> Self {
-        // SAFETY: eventfd(2) returns a new descriptor or -1.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        CancelSignal {
-            raised: AtomicBool::new(false),
-            // SAFETY: the descriptor was just returned to us and nobody else owns it.
-            fd: (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) }),
-        }
+    fn lock(&self) -> MutexGuard<'_, Option<OwnedFd>> {
+        self.fd.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn raise(&self) {
+        let fd = self.lock();
         if self.raised.swap(true, Ordering::SeqCst) {
             return;
         }
-        if let Some(fd) = &self.fd {
-            let one: u64 = 1;
-            // SAFETY: writes 8 bytes from a live u64 to our own eventfd.
-            unsafe {
-                libc::write(
-                    fd.as_raw_fd(),
-                    (&one as *const u64).cast(),
-                    std::mem::size_of::<u64>(),
-                );
-            }
+        if let Some(fd) = fd.as_ref() {
+            signal_fd(fd);
         }
+    }
+
+    /// The eventfd (None if the kernel gives none).
+    fn fd(&self) -> Option<RawFd> {
+        let mut fd = self.lock();
+        if fd.is_none() {
+            // SAFETY: eventfd(2) returns a new descriptor or -1.
+            let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+            if raw < 0 {
+                return None;
+            }
+            // SAFETY: the descriptor was just returned to us and nobody else owns it.
+            let made = unsafe { OwnedFd::from_raw_fd(raw) };
+            if self.raised.load(Ordering::SeqCst) {
+                signal_fd(&made);
+            }
+            *fd = Some(made);
+        }
+        fd.as_ref().map(AsRawFd::as_raw_fd)
     }
 }
 
@@ -130,7 +153,7 @@ impl LiveAttempt {
             attempt,
             started_at,
             captured: Mutex::new(Captured::default()),
-            cancel: CancelSignal::new(),
+            cancel: CancelSignal::default(),
         }
     }
 
@@ -175,7 +198,7 @@ impl LiveAttempt {
     /// A descriptor that becomes readable when the attempt is asked to
     /// stop, for a poll loop (None: check [`Self::cancel_requested`]).
     pub fn cancel_fd(&self) -> Option<RawFd> {
-        self.cancel.fd.as_ref().map(AsRawFd::as_raw_fd)
+        self.cancel.fd()
     }
 
     /// The output from the offsets `stdout_from` and `stderr_from` on (as
@@ -243,6 +266,19 @@ mod tests {
         let (start, bytes) = t.since(0);
         assert_eq!(start, t.total - TAIL_KEEP as u64);
         assert_eq!(bytes.len(), TAIL_KEEP);
+    }
+
+    #[test]
+    fn a_cancel_before_the_descriptor_is_made_still_wakes_a_poll() {
+        let a = LiveAttempt::new(1, 1, 0);
+        a.cancel();
+        let mut p = libc::pollfd {
+            fd: a.cancel_fd().expect("eventfd"),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll(2) on one valid pollfd, without waiting.
+        assert_eq!(unsafe { libc::poll(&mut p, 1, 0) }, 1);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Attempt logs: how each attempt of a task went (its start and end, its
 //! outcome, its exit code or signal, and the last bytes of its stdout and
-//! stderr), stored under `a` ‖ task id ‖ attempt number (see `keys`).
+//! stderr), stored under `o` ‖ task id ‖ attempt number (see `keys`).
 //!
 //! A log is written by the `AttemptLogged` event, in the transaction that
 //! records the attempt's outcome (the engine's `complete`, and recovery's

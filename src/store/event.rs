@@ -92,7 +92,7 @@ pub enum EventKind {
         id: u64,
         placement: Placement,
     },
-    /// An attempt ended; its log goes under `a` ‖ id ‖ attempt, and the
+    /// An attempt ended; its log goes under `o` ‖ id ‖ attempt, and the
     /// task's logs beyond the last `KEEP_ATTEMPTS` are dropped (see
     /// `attempts`). The task itself does not change. (Variant 10.)
     AttemptLogged {

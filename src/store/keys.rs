@@ -10,7 +10,7 @@
 //! | `h` id:u64                            | finished task         |
 //! | `e` seq:u64                           | commit record         |
 //! | `q` queue-name 0x00 position:i64(*)   | task id:u64           |
-//! | `a` id:u64 attempt:u32                | attempt log           |
+//! | `o` id:u64 attempt:u32                | attempt log           |
 //!
 //! (*) positions are stored with the sign bit flipped so that negative
 //! positions sort before positive ones.
@@ -20,8 +20,13 @@ pub const TASK: u8 = b't';
 pub const HISTORY: u8 = b'h';
 pub const EVENT: u8 = b'e';
 pub const QUEUE: u8 = b'q';
-/// An attempt's log (`AttemptLog`): `a` ‖ task id ‖ attempt number.
-pub const ATTEMPT: u8 = b'a';
+/// An attempt's log (`AttemptLog`): `o` ‖ task id ‖ attempt number. New
+/// logs are added at the end of this range (ids grow), so the leaf sled
+/// rewrites for each one also holds the first keys of the next range:
+/// here the small `q` keys. (Before `e`, as `a` was at first, that leaf
+/// held the oldest commit records, which can be megabytes: sled rewrote
+/// them, as blobs, at every step, and the engine ran at half speed.)
+pub const ATTEMPT: u8 = b'o';
 
 pub const META_FORMAT: &[u8] = b"mformat";
 /// The key (first event number) of a commit record up to which every record's
@@ -55,7 +60,7 @@ pub fn parse_id_key(key: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(b))
 }
 
-/// The key of attempt `attempt` of task `id`: `a` ‖ id (u64 BE) ‖ attempt
+/// The key of attempt `attempt` of task `id`: `o` ‖ id (u64 BE) ‖ attempt
 /// (u32 BE), so a task's logs are contiguous and in attempt order.
 pub fn attempt_key(id: u64, attempt: u32) -> [u8; 13] {
     let mut k = [0u8; 13];
@@ -112,7 +117,7 @@ pub fn key_display(key: &[u8]) -> String {
             format!("{}/{}", p as char, parse_id_key(key).unwrap_or(0))
         }
         Some(&ATTEMPT) => match parse_attempt_key(key) {
-            Some((id, n)) => format!("a/{id}/{n}"),
+            Some((id, n)) => format!("o/{id}/{n}"),
             None => format!("{key:?}"),
         },
         Some(&QUEUE) => match parse_queue_key(key) {
@@ -163,6 +168,6 @@ mod tests {
         assert!(attempt_key(7, 3).starts_with(&attempt_prefix(7)));
         assert!(!attempt_key(8, 3).starts_with(&attempt_prefix(7)));
         assert_eq!(parse_attempt_key(&id_key(ATTEMPT, 7)), None);
-        assert_eq!(key_display(&attempt_key(42, 5)), "a/42/5");
+        assert_eq!(key_display(&attempt_key(42, 5)), "o/42/5");
     }
 }

@@ -4,7 +4,7 @@
 //! logic too. Offline replay of an exported log uses the same [`replay`].
 //! Attempt logs are replayed too (`AttemptLogged` adds one and drops the
 //! oldest beyond the last `KEEP_ATTEMPTS`, `Removed` drops a task's) and
-//! compared whole with the `a` keys.
+//! compared whole with the `o` keys.
 
 use std::collections::BTreeMap;
 

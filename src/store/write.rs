@@ -477,21 +477,44 @@ impl<'s> WriteTxn<'s> {
         Ok(vec![id])
     }
 
-    /// The attempt numbers task `id` has logs for, as this transaction sees them.
+    /// The attempt numbers task `id` has logs for, as this transaction sees
+    /// them: the stored ones, with this transaction's puts and deletes.
     fn attempt_set(&mut self, id: u64) -> Result<&mut BTreeSet<u32>, WriteError> {
         if !self.attempt_sets.contains_key(&id) {
-            let stored = self.store.attempt_numbers(id)?;
-            self.attempt_sets.insert(id, stored);
+            let mut set = self.store.attempt_numbers(id)?;
+            let prefix = keys::attempt_prefix(id);
+            for (k, v) in self.attempt_writes.range(prefix.to_vec()..) {
+                if !k.starts_with(&prefix) {
+                    break;
+                }
+                if let Some((_, n)) = keys::parse_attempt_key(k) {
+                    if v.is_some() {
+                        set.insert(n);
+                    } else {
+                        set.remove(&n);
+                    }
+                }
+            }
+            self.attempt_sets.insert(id, set);
         }
         Ok(self.attempt_sets.entry(id).or_default())
     }
 
-    /// Records how an attempt of a live task went (`AttemptLogged`): its log
-    /// goes under `a` ‖ id ‖ attempt, and the task's logs beyond the last
-    /// [`attempts::KEEP_ATTEMPTS`] are dropped.
+    /// Records how the current attempt of a live task went (`AttemptLogged`):
+    /// its log goes under `o` ‖ id ‖ attempt, and the task's logs beyond the
+    /// last [`attempts::KEEP_ATTEMPTS`] are dropped. The log must be for the
+    /// task's current attempt (`attempts`), so a task's logs are all for
+    /// attempts up to the newest one.
     pub fn log_attempt(&mut self, id: u64, log: AttemptLog) -> Result<(), WriteError> {
-        self.live(id, "log an attempt of it")?;
+        let current = self.live(id, "log an attempt of it")?.attempts;
         let n = log.attempt;
+        if n != current {
+            return Err(WriteError::WrongState {
+                id,
+                state: format!("at attempt {current}, not {n}"),
+                op: "log that attempt",
+            });
+        }
         let value = codec::encode(&log);
         self.push_event(EventKind::AttemptLogged {
             id,
@@ -499,6 +522,13 @@ impl<'s> WriteTxn<'s> {
         })?;
         self.attempt_writes
             .insert(keys::attempt_key(id, n).to_vec(), Some(value));
+        // Every log of the task is for an attempt up to `n` (each was logged
+        // at its own attempt, and attempts only grow), so up to attempt
+        // KEEP_ATTEMPTS none can be dropped and the stored ones need not be
+        // read (a range scan costs sled a copy of a leaf).
+        if n as usize <= attempts::KEEP_ATTEMPTS && !self.attempt_sets.contains_key(&id) {
+            return Ok(());
+        }
         let set = self.attempt_set(id)?;
         set.insert(n);
         let drop = attempts::to_drop(set);
