@@ -186,10 +186,12 @@ pub fn read_segment(path: &Path) -> Result<(SegmentInfo, Vec<CommitRecord>), Arc
         source,
     })?;
     let (info, raw_len, _) = parse_header(path, &bytes)?;
-    let raw = zstd::bulk::decompress(&bytes[HEADER..bytes.len() - 4], raw_len as usize)
-        .map_err(|e| ArchiveError::Invalid {
-            path: path.to_path_buf(),
-            why: format!("its records do not decompress: {e}"),
+    let raw =
+        zstd::bulk::decompress(&bytes[HEADER..bytes.len() - 4], raw_len as usize).map_err(|e| {
+            ArchiveError::Invalid {
+                path: path.to_path_buf(),
+                why: format!("its records do not decompress: {e}"),
+            }
         })?;
     if raw.len() as u64 != raw_len {
         return Err(ArchiveError::Invalid {
@@ -332,7 +334,10 @@ mod tests {
             let mut bad = good.clone();
             bad[i] ^= 0x40;
             fs::write(&path, &bad).unwrap();
-            assert!(read_segment(&path).is_err(), "a flip at byte {i} was accepted");
+            assert!(
+                read_segment(&path).is_err(),
+                "a flip at byte {i} was accepted"
+            );
         }
     }
 

@@ -151,7 +151,8 @@ impl Write for JsonSink {
     }
 }
 
-/// A JSON document as stored: raw, or gzip-compressed when large.
+/// A JSON document as stored: raw, or gzip-compressed when large. (An
+/// attempt log's output tails are blobs of raw bytes: [`Blob::from_raw`].)
 #[derive(Clone, PartialEq, Eq, Encode, Decode, Default)]
 pub struct Blob {
     pub compressed: bool,
@@ -256,6 +257,23 @@ impl Blob {
             });
         }
         Ok(blob)
+    }
+
+    /// Raw bytes that are not JSON (a handler's output tail), stored under
+    /// the same rules as JSON: gzip at `compress_over`, refused over
+    /// `max_object` or `max_decompressed`. Read back with [`Blob::raw_bytes`].
+    pub fn from_raw(
+        what: &'static str,
+        raw: Vec<u8>,
+        budget: &Budget,
+    ) -> Result<Blob, BudgetError> {
+        Self::from_json_bytes(what, raw, budget)
+    }
+
+    /// The bytes of a blob made by [`Blob::from_raw`], inflated if needed,
+    /// never more than `max_decompressed`.
+    pub fn raw_bytes(&self, what: &'static str, budget: &Budget) -> Result<Vec<u8>, BudgetError> {
+        self.json_bytes(what, budget)
     }
 
     /// The JSON bytes, inflated if needed, never more than `max_decompressed`.

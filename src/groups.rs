@@ -154,8 +154,11 @@ pub struct GroupProgress {
 /// - while a child is live (or unreadable, shown as `<corrupt task N>`),
 ///   the name lists those still live;
 /// - when none is, the group has ended: `failed` if any child was a dead
-///   letter (the name stays, the errors are kept), else `succeeded` with
-///   the whole group's name and no errors.
+///   letter or was cancelled (the name stays, the errors are kept, a
+///   cancelled child's line says `cancelled`), else `succeeded` with the
+///   whole group's name and no errors. (A child is cancelled only with its
+///   group, whose parent is then cancelled too; a crash in the middle of
+///   that can leave the group to end by these rules.)
 pub fn progress(parent: &Task, children: &[Child], child_failed: bool) -> GroupProgress {
     let mut remaining: Vec<String> = Vec::new();
     let mut all: Vec<&str> = Vec::new();
@@ -180,10 +183,13 @@ pub fn progress(parent: &Task, children: &[Child], child_failed: bool) -> GroupP
             remaining.push(name.clone());
         }
         let standing_error = (live && failures > 0) || (!live && status == Status::Failed);
-        if standing_error && let Some(m) = last_failure {
+        let cancelled = !live && status == Status::Cancelled;
+        if cancelled {
+            errors.push((name, "cancelled"));
+        } else if standing_error && let Some(m) = last_failure {
             errors.push((name, m));
         }
-        dead |= !live && status == Status::Failed;
+        dead |= !live && matches!(status, Status::Failed | Status::Cancelled);
     }
     let failures = parent.failures + u32::from(child_failed);
     let message = errors_message(errors);
@@ -396,6 +402,17 @@ mod tests {
                 finished: Some(Status::Failed),
             }
         );
+    }
+
+    #[test]
+    fn a_cancelled_child_fails_the_group() {
+        let children = [
+            child("a", false, Status::Succeeded, None),
+            child("b", false, Status::Cancelled, Some("old failure")),
+        ];
+        let g = progress(&parent(0), &children, false);
+        assert_eq!(g.finished, Some(Status::Failed));
+        assert_eq!(g.message.as_deref(), Some("Errors:\n- b: cancelled"));
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! the store, the store frames records with the codec. See ARCHITECTURE.md.
 
 pub mod archive;
+pub mod attempt_view;
 pub mod backoff;
 pub mod budget;
 pub mod clock;

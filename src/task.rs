@@ -15,6 +15,9 @@ pub enum Status {
     Running,
     Succeeded,
     Failed,
+    // New variants go last: bincode encodes the variant's position.
+    /// Ended by `berth task cancel` (variant 4).
+    Cancelled,
 }
 
 impl Status {
@@ -24,6 +27,7 @@ impl Status {
             Status::Running => "running",
             Status::Succeeded => "succeeded",
             Status::Failed => "failed",
+            Status::Cancelled => "cancelled",
         }
     }
 }

@@ -654,6 +654,7 @@ fn a_repeating_head_shows_repeat_head_task_until_a_worker_takes_it() {
         queue: "q".into(),
         outcome: Outcome::new(RunResult::Repeat),
         duration_ms: 1,
+        output: Default::default(),
     };
     sched.complete(&mut w, &env, done).unwrap();
     w.commit().unwrap();
@@ -752,4 +753,82 @@ fn a_corrupt_child_keeps_its_group_waiting_and_run_until_idle_gives_up() {
         "never finished on a child it cannot read"
     );
     assert_eq!(p.name, format!("Parallel run for <corrupt task {bad}>"));
+}
+
+#[test]
+fn every_attempt_is_logged_and_a_library_handler_sees_a_cancel() {
+    use berth::store::AttemptOutcome;
+    let s = setup(FakeClock::new(T0));
+    let mut h = Handlers::new();
+    h.register("Ok", |_: &TaskContext| {
+        Outcome::success().with_output(serde_json::json!("fine"))
+    });
+    h.register("Fail", |_: &TaskContext| Outcome::fail("no luck"));
+    // Runs until it is asked to stop, then returns a success, which the
+    // cancel overrides.
+    h.register("Loop", |ctx: &TaskContext| {
+        wait_for("a cancel", || ctx.cancel_requested());
+        Outcome::success()
+    });
+    let cfg = EngineConfig {
+        backoff: Backoff {
+            max_attempts: 1,
+            ..Backoff::default()
+        },
+        ..EngineConfig::default()
+    };
+    let e = engine(&s, h, cfg);
+    let kind = |k: &str, q: &str, n: &str| TaskSpec {
+        kind: k.into(),
+        ..spec(q, n)
+    };
+    let ok = e.enqueue(kind("Ok", "a", "ok"), Placement::Last).unwrap();
+    let fail = e
+        .enqueue(kind("Fail", "b", "fail"), Placement::Last)
+        .unwrap();
+    let looping = e
+        .enqueue(kind("Loop", "c", "loop"), Placement::Last)
+        .unwrap();
+    let behind = e
+        .enqueue(kind("Ok", "c", "behind"), Placement::Last)
+        .unwrap();
+    let stop = e.stop_handle();
+    std::thread::scope(|sc| {
+        let runner = sc.spawn(|| e.run());
+        wait_for("the loop to run", || e.live_attempt(looping).is_some());
+        wait_for("the failure", || {
+            s.store.history_task(fail).unwrap().is_some()
+        });
+        assert_eq!(
+            e.cancel(fail).unwrap_err().to_string(),
+            format!("task {fail} is finished (failed); cannot cancel it")
+        );
+        assert_eq!(e.cancel(looping).unwrap(), vec![looping]);
+        wait_for("the task behind it", || {
+            s.store.history_task(behind).unwrap().is_some()
+        });
+        stop.stop();
+        runner.join().unwrap().unwrap();
+    });
+    let outcome = |id| {
+        let logs = s.store.attempts(id).unwrap();
+        assert_eq!(logs.len(), 1, "task {id}");
+        assert_eq!(logs[0].attempt, 1);
+        assert_eq!((logs[0].exit_code, logs[0].signal), (None, None));
+        logs[0].outcome.clone()
+    };
+    assert_eq!(outcome(ok), AttemptOutcome::Succeeded);
+    assert_eq!(
+        outcome(fail),
+        AttemptOutcome::Failed {
+            message: "no luck".into()
+        }
+    );
+    assert_eq!(outcome(looping), AttemptOutcome::Cancelled);
+    assert_eq!(outcome(behind), AttemptOutcome::Succeeded);
+    let t = s.store.task(looping).unwrap().unwrap();
+    assert_eq!(t.status, Status::Cancelled);
+    assert_eq!(t.result, None, "a cancelled attempt's result is not kept");
+    assert_eq!(s.store.task(fail).unwrap().unwrap().status, Status::Failed);
+    assert_log_agrees(&s.store);
 }

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use berth::clock;
-use berth::store::{Options, Placement, Store};
+use berth::store::{AttemptLog, AttemptOutcome, Options, OutputTail, Placement, Store};
 use berth::task::Status;
 use berth::task::TaskSpec;
 use common::daemon::Daemon;
@@ -33,7 +33,9 @@ fn spec(queue: &str, kind: &str, name: &str) -> TaskSpec {
 }
 
 /// The shared starting state: holders at the head of `main` and `other`,
-/// tasks behind them (a single, a group of two), and one dead letter.
+/// tasks behind them (a single, a group of two), one dead letter whose two
+/// attempts are logged (stderr lines), and one finished task whose attempt
+/// logged progress lines on stdout.
 fn prepare(dir: &Path) {
     let store = Store::open(dir, Options::default(), clock::system()).expect("open");
     let add =
@@ -54,11 +56,47 @@ fn prepare(dir: &Path) {
     });
     berth::submit::enqueue_batch(&store, group).expect("batch");
     let dead = add(spec("other", "Work", "dead-letter"));
+    let b = *store.budget();
+    let tail = |text: &str| OutputTail::new(text.len() as u64, text.as_bytes(), &b);
+    for attempt in 1..=2 {
+        let mut w = store.write();
+        w.start(dead).expect("start");
+        let message = "helm upgrade failed".to_string();
+        let log = AttemptLog {
+            attempt,
+            started_at: 1_800_000_000_000 + u64::from(attempt) * 10_000,
+            ended_at: 1_800_000_001_500 + u64::from(attempt) * 10_000,
+            outcome: AttemptOutcome::Failed {
+                message: message.clone(),
+            },
+            exit_code: Some(1),
+            signal: None,
+            stdout: tail(""),
+            stderr: tail("rendering chart\nhelm upgrade failed\n"),
+        };
+        w.log_attempt(dead, log).expect("log");
+        w.fail(dead, message, None).expect("fail");
+        if attempt == 2 {
+            w.to_history(dead, Status::Failed).expect("history");
+        }
+        w.commit().expect("commit");
+    }
+    let done = add(spec("other", "Work", "finished"));
     let mut w = store.write();
-    w.start(dead).expect("start");
-    w.fail(dead, "helm upgrade failed".into(), None)
-        .expect("fail");
-    w.to_history(dead, Status::Failed).expect("history");
+    w.start(done).expect("start");
+    let log = AttemptLog {
+        attempt: 1,
+        started_at: 1_800_000_100_000,
+        ended_at: 1_800_000_100_250,
+        outcome: AttemptOutcome::Succeeded,
+        exit_code: Some(0),
+        signal: None,
+        stdout: tail("progress 1/2\nprogress 2/2\n"),
+        stderr: tail(""),
+    };
+    w.log_attempt(done, log).expect("log");
+    w.succeed(done, None).expect("succeed");
+    w.to_history(done, Status::Succeeded).expect("history");
     w.commit().expect("commit");
 }
 
@@ -137,7 +175,7 @@ fn every_command_answers_the_same_with_and_without_a_daemon() {
         .output()
         .expect("cp");
     assert!(o.status.success());
-    let _daemon = Daemon::start(&config(root.path()), &b, &[]);
+    let mut daemon = Daemon::start(&config(root.path()), &b, &[]);
     common::wait_for("the holders to run", || {
         stdout(&berth(&b, &["task", "show", "1", "-o", "json"])).contains("\"running\"")
     });
@@ -146,7 +184,7 @@ fn every_command_answers_the_same_with_and_without_a_daemon() {
     compare(&a, &b, &["queue", "list"]);
     compare(&a, &b, &["queue", "list", "-o", "json"]);
     compare(&a, &b, &["queue", "list", "--show-empty"]);
-    for id in ["3", "4", "5", "6", "7", "8"] {
+    for id in ["3", "4", "5", "6", "7", "8", "9"] {
         compare(&a, &b, &["task", "show", id]);
         compare(&a, &b, &["task", "show", id, "-o", "json"]);
     }
@@ -173,6 +211,32 @@ fn every_command_answers_the_same_with_and_without_a_daemon() {
             .code(),
         Some(2)
     );
+    // Attempt logs.
+    let log = compare(&a, &b, &["task", "log", "8"]);
+    common::assert_text_eq(
+        &stdout(&log),
+        "=== attempt 1: started 2027-01-15T08:00:10.000Z, took 1.5s, failed: helm upgrade failed, exit code 1\n\
+         --- stdout (empty)\n\
+         --- stderr (36 B)\n\
+         rendering chart\nhelm upgrade failed\n\
+         === attempt 2: started 2027-01-15T08:00:20.000Z, took 1.5s, failed: helm upgrade failed, exit code 1\n\
+         --- stdout (empty)\n\
+         --- stderr (36 B)\n\
+         rendering chart\nhelm upgrade failed\n",
+    );
+    for (args, code) in [
+        (&["task", "log", "8", "-o", "json"][..], 0),
+        (&["task", "log", "8", "--attempt", "2"], 0),
+        (&["task", "log", "8", "--attempt", "3"], 1),
+        (&["task", "log", "9"], 0),
+        (&["task", "log", "9", "--follow"], 0), // finished: what is recorded
+        (&["task", "log", "9", "--follow", "-o", "json"], 0),
+        (&["task", "log", "3"], 0), // never ran
+        (&["task", "log", "99"], 1),
+    ] {
+        assert_eq!(compare(&a, &b, args).status.code(), Some(code), "{args:?}");
+    }
+    assert!(stdout(&berth(&a, &["task", "log", "9"])).contains("progress 1/2\nprogress 2/2\n"));
 
     // Writes, and errors of every class.
     let big = root.path().join("big.json");
@@ -221,10 +285,49 @@ fn every_command_answers_the_same_with_and_without_a_daemon() {
             .code(),
         Some(2)
     );
-    compare(&a, &b, &["task", "remove", "5"]); // a group child alone: refused
-    compare(&a, &b, &["task", "remove", "4"]); // its parent, with the children
-    compare(&a, &b, &["task", "remove", "77"]);
-    compare(&a, &b, &["task", "retry", "3"]); // not a dead letter
-    compare(&a, &b, &["task", "retry", "8"]); // the dead letter
+    let batch_ids = stdout(&berth(&a, &["task", "show", "12", "-o", "json"]));
+    assert!(
+        batch_ids.contains("\"children\": [\n    13,\n    14\n  ]"),
+        "{batch_ids}"
+    );
+    for (args, code) in [
+        (&["task", "remove", "5"][..], 1), // a group child alone: refused
+        (&["task", "remove", "4"], 0),     // its parent, with the children
+        (&["task", "remove", "77"], 1),
+        (&["task", "remove", "9"], 1), // finished: needs --history
+        (&["task", "remove", "9", "--history"], 0),
+        (&["task", "retry", "3"], 1), // not a dead letter
+        (&["task", "retry", "8"], 0), // the dead letter
+        // Cancel: refused for what is missing, finished or a group child.
+        (&["task", "cancel", "99"], 1),
+        (&["task", "cancel", "13"], 1),
+        (&["task", "cancel", "3"], 0), // a queued task
+        (&["task", "cancel", "3"], 1), // now finished
+        (&["task", "log", "3"], 0),
+    ] {
+        assert_eq!(compare(&a, &b, args).status.code(), Some(code), "{args:?}");
+    }
+    let o = compare(&a, &b, &["task", "cancel", "12"]); // a waiting group
+    assert_eq!(stdout(&o), "cancelled 13 14 12\n");
+    let o = compare(&a, &b, &["task", "remove", "12"]);
+    assert_eq!(
+        stderr(&o),
+        "berth: task 12 is finished (cancelled); removing it deletes its record and its \
+         attempt logs: add --history to do that (berth task remove 12 --history)\n"
+    );
     compare(&a, &b, &["queue", "list", "-o", "json"]);
+    // The holder of `other`: queued in A, running in B (its handler is
+    // stopped there); the answer is the same.
+    let o = compare(&a, &b, &["task", "cancel", "2"]);
+    assert_eq!(stdout(&o), "cancelled 2\n");
+    assert!(stdout(&berth(&b, &["task", "log", "2"])).contains(", cancelled"));
+    // Both logs agree with their states.
+    let o = berth(&b, &["task", "cancel", "1"]);
+    assert_eq!(stdout(&o), "cancelled 1\n", "{}", stderr(&o));
+    daemon.signal(libc::SIGTERM);
+    daemon.wait_exit(std::time::Duration::from_secs(40));
+    for dir in [&a, &b] {
+        let o = berth(dir, &["verify"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
 }

@@ -5,7 +5,8 @@ mod common;
 
 use berth::clock::{Clock, FakeClock};
 use berth::store::{
-    EventKind, INTERRUPTED, OpenError, Options, Placement, Store, WriteError, verify,
+    AttemptLog, AttemptOutcome, EventKind, INTERRUPTED, OpenError, Options, OutputTail, Placement,
+    Store, WriteError, verify,
 };
 use berth::submit;
 use berth::task::Status;
@@ -13,6 +14,23 @@ use common::{T0, open, spec, tempdir};
 
 fn add(store: &Store, queue: &str, name: &str, p: Placement) -> u64 {
     submit::enqueue_one(store, spec(queue, name), p).expect("enqueue")
+}
+
+/// A log of the attempt `w` sees running for `id`, with some output.
+fn log_of(w: &mut berth::store::WriteTxn<'_>, id: u64, outcome: AttemptOutcome) -> AttemptLog {
+    let t = w.task(id).unwrap().clone();
+    let b = berth::budget::Budget::default();
+    let out = format!("attempt {} of {}\n", t.attempts, t.name);
+    AttemptLog {
+        attempt: t.attempts,
+        started_at: t.started_at.unwrap_or(0),
+        ended_at: w.now(),
+        outcome,
+        exit_code: Some(1),
+        signal: None,
+        stdout: OutputTail::new(out.len() as u64, out.as_bytes(), &b),
+        stderr: OutputTail::new(3, b"err", &b),
+    }
 }
 
 fn assert_log_agrees(store: &Store) {
@@ -96,7 +114,7 @@ fn the_log_agrees_with_the_state_after_every_operation() {
         clock.advance_ms(rng.u64(1..2000));
         let q = queues[rng.usize(..queues.len())];
         let mut w = s.write();
-        match rng.u8(..10) {
+        match rng.u8(..12) {
             0..=3 => {
                 let p = match (rng.u8(..4), w.head(q)) {
                     (1, _) => Placement::First,
@@ -114,9 +132,19 @@ fn the_log_agrees_with_the_state_after_every_operation() {
                     if w.task(h).unwrap().status == Status::Queued {
                         w.start(h).unwrap();
                     } else if rng.bool() {
-                        w.fail(h, format!("boom {step}"), Some(rng.u64(0..5000)))
-                            .unwrap();
+                        let message = format!("boom {step}");
+                        let log = log_of(
+                            &mut w,
+                            h,
+                            AttemptOutcome::Failed {
+                                message: message.clone(),
+                            },
+                        );
+                        w.log_attempt(h, log).unwrap();
+                        w.fail(h, message, Some(rng.u64(0..5000))).unwrap();
                     } else {
+                        let log = log_of(&mut w, h, AttemptOutcome::Succeeded);
+                        w.log_attempt(h, log).unwrap();
                         w.succeed(h, None).unwrap();
                         w.to_history(h, Status::Succeeded).unwrap();
                         live.retain(|x| *x != h);
@@ -134,6 +162,26 @@ fn the_log_agrees_with_the_state_after_every_operation() {
                     w.requeue(h, Some(clock.now_ms() + 100)).unwrap();
                 }
             }
+            10 => {
+                if !live.is_empty() {
+                    let id = live.swap_remove(rng.usize(..live.len()));
+                    let c = w.cancel(id, &|_| false).unwrap();
+                    assert_eq!(c.ids, vec![id]);
+                }
+            }
+            11 => {
+                // Many attempts of one head, so that old logs are dropped.
+                if let Some(h) = w.head(q) {
+                    for _ in 0..rng.usize(1..8) {
+                        if w.task(h).unwrap().status == Status::Queued {
+                            w.start(h).unwrap();
+                        }
+                        let log = log_of(&mut w, h, AttemptOutcome::Repeat);
+                        w.log_attempt(h, log).unwrap();
+                        w.requeue(h, None).unwrap();
+                    }
+                }
+            }
             _ => {
                 if let Some(h) = w.head(q) {
                     w.fail(h, "dead".into(), None).unwrap();
@@ -146,6 +194,147 @@ fn the_log_agrees_with_the_state_after_every_operation() {
         assert_log_agrees(&s);
     }
     assert!(s.next_seq() > 300, "the run really changed things");
+    let logged: Vec<_> = s.all_attempts().into_iter().map(Result::unwrap).collect();
+    assert!(logged.len() > 40, "{} attempt logs", logged.len());
+    drop(s);
+    let s = open(dir.path(), &clock);
+    assert_log_agrees(&s);
+}
+
+#[test]
+fn a_task_keeps_the_logs_of_its_last_twenty_attempts_and_removing_it_drops_them() {
+    let dir = tempdir();
+    let clock = FakeClock::new(T0);
+    let s = open(dir.path(), &clock);
+    let a = add(&s, "main", "a", Placement::Last);
+    let b = add(&s, "main", "b", Placement::Last);
+    for n in 1..=25u32 {
+        clock.advance_ms(10);
+        let mut w = s.write();
+        w.start(a).unwrap();
+        let log = log_of(
+            &mut w,
+            a,
+            AttemptOutcome::Failed {
+                message: format!("no {n}"),
+            },
+        );
+        w.log_attempt(a, log).unwrap();
+        w.fail(a, format!("no {n}"), None).unwrap();
+        w.commit().unwrap();
+        assert_log_agrees(&s);
+    }
+    let logs = s.attempts(a).unwrap();
+    let numbers: Vec<u32> = logs.iter().map(|l| l.attempt).collect();
+    assert_eq!(numbers, (6..=25).collect::<Vec<_>>());
+    assert_eq!(
+        logs[19].outcome,
+        AttemptOutcome::Failed {
+            message: "no 25".into()
+        }
+    );
+    let out = logs[19].stdout.bytes(s.budget()).unwrap();
+    assert_eq!(out, b"attempt 25 of a\n");
+    assert!(s.attempts(b).unwrap().is_empty());
+    // They survive reopening, and the log still agrees.
+    drop(s);
+    let s = open(dir.path(), &clock);
+    assert_eq!(s.attempts(a).unwrap().len(), 20);
+    assert_eq!(s.attempt_numbers(a).unwrap().len(), 20);
+    assert_log_agrees(&s);
+    // A log for a task that is not live is refused.
+    let mut w = s.write();
+    w.to_history(b, Status::Failed).unwrap();
+    let log = AttemptLog::interrupted(1, None, T0);
+    assert!(matches!(
+        w.log_attempt(b, log),
+        Err(WriteError::WrongState { .. })
+    ));
+    w.commit().unwrap();
+    // A log must be for the task's current attempt.
+    let mut w = s.write();
+    let mut log = AttemptLog::interrupted(24, None, T0);
+    assert_eq!(
+        w.log_attempt(a, log.clone()).unwrap_err().to_string(),
+        format!("task {a} is at attempt 25, not 24; cannot log that attempt")
+    );
+    log.attempt = 25;
+    w.log_attempt(a, log).unwrap();
+    drop(w);
+    let mut w = s.write();
+    w.remove(a).unwrap();
+    w.commit().unwrap();
+    assert!(s.attempts(a).unwrap().is_empty());
+    assert!(s.all_attempts().is_empty());
+    assert_log_agrees(&s);
+    // A log and a removal in one transaction leave no log behind.
+    let c = add(&s, "main", "c", Placement::Last);
+    let mut w = s.write();
+    w.start(c).unwrap();
+    w.log_attempt(c, AttemptLog::interrupted(1, None, T0))
+        .unwrap();
+    w.remove(c).unwrap();
+    w.commit().unwrap();
+    assert!(s.all_attempts().is_empty());
+    assert_log_agrees(&s);
+}
+
+#[test]
+fn cancelling_ends_a_task_or_a_group_and_refuses_what_it_cannot() {
+    let dir = tempdir();
+    let clock = FakeClock::new(T0);
+    let s = open(dir.path(), &clock);
+    let a = add(&s, "main", "a", Placement::Last);
+    let specs = vec![
+        berth::task::TaskSpec {
+            weight: Some(5),
+            ..spec("main", "x")
+        },
+        berth::task::TaskSpec {
+            weight: Some(5),
+            ..spec("main", "y")
+        },
+    ];
+    let parent = submit::enqueue_batch(&s, specs).unwrap()[0];
+    let children = s.task(parent).unwrap().unwrap().children;
+    let mut w = s.write();
+    // A group child alone, a finished task and a missing one are refused.
+    let e = w.cancel(children[0], &|_| false).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "task {} is part of group {parent}; cannot cancel it alone (cancel its group instead)",
+            children[0]
+        )
+    );
+    assert!(matches!(
+        w.cancel(99, &|_| false),
+        Err(WriteError::NoSuchTask(99))
+    ));
+    // A running child: the group waits for it; the other ends at once.
+    let c = w.cancel(parent, &|id| id == children[1]).unwrap();
+    assert_eq!(c.ids, vec![children[0], children[1], parent]);
+    assert_eq!(c.running, vec![children[1]]);
+    assert_eq!(w.task(children[0]).unwrap().status, Status::Cancelled);
+    assert!(w.is_live(parent).unwrap());
+    w.cancel_one(children[1]).unwrap();
+    w.cancel_one(parent).unwrap();
+    let c = w.cancel(a, &|_| false).unwrap();
+    assert_eq!((c.ids, c.running), (vec![a], vec![]));
+    w.commit().unwrap();
+    for id in [a, parent, children[0], children[1]] {
+        let t = s.history_task(id).unwrap().unwrap();
+        assert_eq!(t.status, Status::Cancelled);
+        assert_eq!(t.finished_at, Some(T0));
+    }
+    assert_eq!(s.queue_len("main"), 0);
+    let mut w = s.write();
+    assert_eq!(
+        w.cancel(a, &|_| false).unwrap_err().to_string(),
+        format!("task {a} is finished (cancelled); cannot cancel it")
+    );
+    drop(w);
+    assert_log_agrees(&s);
 }
 
 #[test]
@@ -203,8 +392,16 @@ fn a_task_running_at_a_crash_goes_back_to_the_head_with_a_failure() {
     assert_eq!(t.failures, 1);
     assert_eq!(t.last_failure.as_deref(), Some(INTERRUPTED));
     assert_eq!(s.queue_ids("main"), vec![a, b]);
-    let last = s.events_from(1).last().unwrap().unwrap();
-    assert!(matches!(last.kind, EventKind::Failed { id, .. } if id == a));
+    let events: Vec<_> = s.events_from(1).map(Result::unwrap).collect();
+    assert!(matches!(events[events.len() - 1].kind, EventKind::Failed { id, .. } if id == a));
+    assert!(matches!(
+        &events[events.len() - 2].kind,
+        EventKind::AttemptLogged { id, log } if *id == a && log.outcome == AttemptOutcome::Interrupted
+    ));
+    let logs = s.attempts(a).unwrap();
+    assert_eq!(logs.len(), 1);
+    assert_eq!((logs[0].attempt, logs[0].started_at), (1, T0));
+    assert_eq!(logs[0].outcome, AttemptOutcome::Interrupted);
     assert_log_agrees(&s);
     drop(s);
     // Recovery is done once: a second open finds nothing to recover.

@@ -162,6 +162,9 @@ pub enum TaskCommand {
     Remove {
         /// The task's id.
         id: u64,
+        /// Also remove a finished task (its record and attempt logs are deleted).
+        #[arg(long)]
+        history: bool,
     },
     /// Put a dead letter (a task that used up its attempts) back into its queue.
     Retry {
@@ -170,6 +173,24 @@ pub enum TaskCommand {
     },
     /// List tasks, live and finished, with their ids.
     List(ListArgs),
+    /// Show a task's recorded attempts: how each ended, and its stdout and stderr tails.
+    Log {
+        /// The task's id.
+        id: u64,
+        /// Only this attempt.
+        #[arg(long, conflicts_with = "follow")]
+        attempt: Option<u32>,
+        /// Keep printing the running attempt's output until the task finishes.
+        #[arg(long)]
+        follow: bool,
+        #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
+        output: Format,
+    },
+    /// Cancel a task: a queued one at once, a running one by stopping its handler.
+    Cancel {
+        /// The task's id.
+        id: u64,
+    },
 }
 
 /// `task list`'s filters: each flag may repeat; a task must match every

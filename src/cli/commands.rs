@@ -35,9 +35,16 @@ pub fn run(cli: Cli, data_dir_given: bool) -> Result<(), CliError> {
             out(&queue_list(s, output, show_empty)?)
         }
         Command::Task(TaskCommand::Show { id, output }) => task_show(s, id, output),
-        Command::Task(TaskCommand::Remove { id }) => task_remove(s, id),
+        Command::Task(TaskCommand::Remove { id, history }) => task_remove(s, id, history),
         Command::Task(TaskCommand::Retry { id }) => task_retry(s, id),
         Command::Task(TaskCommand::List(a)) => task_list(s, a),
+        Command::Task(TaskCommand::Log {
+            id,
+            attempt,
+            follow,
+            output,
+        }) => super::tasklog::run(s, id, attempt, follow, output),
+        Command::Task(TaskCommand::Cancel { id }) => task_cancel(s, id),
         Command::Verify => verify(s),
         Command::Check => check(s),
     }
@@ -167,10 +174,16 @@ fn task_show(s: &Session, id: u64, output: Format) -> Result<(), CliError> {
     }
 }
 
-fn task_remove(s: &Session, id: u64) -> Result<(), CliError> {
-    let removed = ids_of(&s.run(Request::TaskRemove { id })?);
+fn task_remove(s: &Session, id: u64, history: bool) -> Result<(), CliError> {
+    let removed = ids_of(&s.run(Request::TaskRemove { id, history })?);
     let list: Vec<String> = removed.iter().map(u64::to_string).collect();
     out(&format!("removed {}\n", list.join(" ")))
+}
+
+fn task_cancel(s: &Session, id: u64) -> Result<(), CliError> {
+    let cancelled = ids_of(&s.run(Request::TaskCancel { id })?);
+    let list: Vec<String> = cancelled.iter().map(u64::to_string).collect();
+    out(&format!("cancelled {}\n", list.join(" ")))
 }
 
 fn task_retry(s: &Session, id: u64) -> Result<(), CliError> {

@@ -7,6 +7,7 @@ pub mod args;
 pub mod commands;
 pub mod daemon;
 pub mod session;
+mod tasklog;
 
 use std::fmt;
 use std::io::Write;

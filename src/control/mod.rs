@@ -141,6 +141,13 @@ mod tests {
             r#"{"op":"task_show","id":1}"#.to_string(),
             r#"{"op":"task_remove","id":1}"#.to_string(),
             r#"{"op":"task_retry","id":1}"#.to_string(),
+            r#"{"op":"task_remove","id":1,"history":true}"#.to_string(),
+            r#"{"op":"task_log","id":1}"#.to_string(),
+            r#"{"op":"task_log","id":1,"attempt":2}"#.to_string(),
+            r#"{"op":"task_output","id":1}"#.to_string(),
+            r#"{"op":"task_output","id":1,"attempt":2,"stdout_from":5,"stderr_from":0}"#
+                .to_string(),
+            r#"{"op":"task_cancel","id":1}"#.to_string(),
         ];
         for line in &good {
             assert!(parse_request(line.as_bytes()).is_ok(), "{line}");

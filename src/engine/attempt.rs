@@ -1,7 +1,9 @@
 //! The worker side of one attempt, run on a pool thread: marks the job
 //! picked up, decodes the payload, runs the handler's pre, run and post
 //! steps (`handler::run_attempt`), and sends the outcome back to the
-//! scheduler as one `Msg::Done`.
+//! scheduler as one `Msg::Done`, with what the attempt printed (its
+//! `LiveAttempt`). An attempt cancelled before a worker took it does not
+//! run.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,13 +11,19 @@ use std::time::Instant;
 
 use crate::budget::Budget;
 use crate::engine::handler::{Handlers, Outcome, TaskContext, run_attempt};
+use crate::engine::live::LiveAttempt;
 use crate::engine::pool::Job;
 use crate::engine::scheduler::{Completion, Msg, StepEnv};
 use crate::task::Task;
 
 /// The job that runs one attempt of `task` (already started in the store).
 /// `picked` is set when a worker takes it.
-pub(super) fn job(env: &StepEnv<'_>, task: Task, picked: Arc<AtomicBool>) -> Job {
+pub(super) fn job(
+    env: &StepEnv<'_>,
+    task: Task,
+    picked: Arc<AtomicBool>,
+    live: Arc<LiveAttempt>,
+) -> Job {
     let handlers = env.handlers.clone();
     let tx = env.tx.clone();
     let budget = *env.budget;
@@ -24,19 +32,30 @@ pub(super) fn job(env: &StepEnv<'_>, task: Task, picked: Arc<AtomicBool>) -> Job
         picked.store(true, Ordering::SeqCst);
         let started = Instant::now();
         let (id, queue) = (task.id, task.queue.clone());
-        let outcome = run(&handlers, &budget, node, task);
+        let outcome = if live.cancel_requested() {
+            Outcome::fail("cancelled before it started")
+        } else {
+            run(&handlers, &budget, node, task, live.clone())
+        };
         let _ = tx.send(Msg::Done(Completion {
             id,
             queue,
             outcome,
             duration_ms: started.elapsed().as_millis() as u64,
+            output: Box::new(live.captured()),
         }));
     })
 }
 
 /// One attempt's outcome. A payload that cannot be read fails the attempt
 /// without running the handler.
-fn run(handlers: &Handlers, budget: &Budget, node: Option<String>, task: Task) -> Outcome {
+fn run(
+    handlers: &Handlers,
+    budget: &Budget,
+    node: Option<String>,
+    task: Task,
+    live: Arc<LiveAttempt>,
+) -> Outcome {
     match task.payload.to_json("payload", budget) {
         Ok(payload) => {
             let ctx = TaskContext {
@@ -44,6 +63,7 @@ fn run(handlers: &Handlers, budget: &Budget, node: Option<String>, task: Task) -
                 payload,
                 node,
                 task,
+                live,
             };
             run_attempt(handlers, &ctx)
         }

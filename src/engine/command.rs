@@ -3,31 +3,46 @@
 //! The argv runs as written (never through a shell unless the user writes
 //! one), in its own process group, with the payload as JSON on stdin and
 //! `BERTH_TASK_ID`, `BERTH_TASK_KIND`, `BERTH_TASK_NAME`, `BERTH_TASK_QUEUE`,
-//! `BERTH_ATTEMPT` and `BERTH_NODE` in its environment. Exit 0 is success
-//! (stdout becomes the result), exit 75 (EX_TEMPFAIL) asks to run again,
-//! anything else fails with the last line of stderr. The timeout bounds the
-//! whole attempt (see [`run_command`]): on timeout the whole process group
-//! is killed, and a helper in another session that holds the pipes is not
-//! waited for. Files berth opens are close-on-exec, so the handler does not
-//! inherit the database or the socket.
+//! `BERTH_ATTEMPT` and `BERTH_NODE` in its environment. Exit 0 is success:
+//! the result is the content of the file named by `BERTH_RESULT` (a fresh
+//! private temp file per attempt) when the command wrote to it, else its
+//! stdout. Exit 75 (EX_TEMPFAIL) asks to run again, anything else fails
+//! with the last line of stderr. The timeout bounds the whole attempt (see
+//! [`run_command`]): on timeout the whole process group is killed, and a
+//! helper in another session that holds the pipes is not waited for. Files
+//! berth opens are close-on-exec, so the handler does not inherit the
+//! database or the socket.
+//!
+//! Everything each process prints goes to the attempt's live tails
+//! (`live.rs`), which become its log. A cancel (`berth task cancel`) sends
+//! SIGTERM to the process group, and SIGKILL after [`CANCEL_GRACE`] (or the
+//! handler's timeout if that is shorter).
 
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::budget;
 use crate::engine::handler::{Handler, Outcome, RunResult, TaskContext};
+use crate::engine::live::LiveAttempt;
 use crate::units::{format_duration, format_size};
 
 /// EX_TEMPFAIL: run the task again at once.
 pub const EXIT_REPEAT: i32 = 75;
 /// How much of stderr a failure message keeps.
 const STDERR_KEEP: usize = 4096;
+/// How long a cancelled handler's process group has between SIGTERM and
+/// SIGKILL (less when the handler's timeout is shorter).
+pub const CANCEL_GRACE: Duration = Duration::from_secs(5);
+/// The environment variable that names the file a command may write its
+/// result to.
+pub const RESULT_ENV: &str = "BERTH_RESULT";
 
 /// Process groups of handlers running now, so a stop can end them.
 static RUNNING: std::sync::Mutex<std::collections::BTreeSet<i32>> =
@@ -99,6 +114,8 @@ pub struct Finished {
     pub stdout_cut: bool,
     pub stderr_tail: Vec<u8>,
     pub timed_out: bool,
+    /// It was asked to stop (`berth task cancel`).
+    pub cancelled: bool,
 }
 
 /// How long a pipe is still read after the direct child has exited, when a
@@ -155,13 +172,15 @@ impl OutPipe {
         // A cut head-kept pipe is still drained, so the child never blocks on it.
     }
 
-    /// Reads what is there now, up to [`READ_ROUND`] bytes.
-    fn read_ready(&mut self, buf: &mut [u8]) {
+    /// Reads what is there now, up to [`READ_ROUND`] bytes, handing each
+    /// chunk to `sink` too (the attempt's live tail).
+    fn read_ready(&mut self, buf: &mut [u8], sink: &dyn Fn(&[u8])) {
         let mut read = 0;
         while let Some(f) = self.file.as_mut() {
             match f.read(buf) {
                 Ok(0) => self.file = None,
                 Ok(n) => {
+                    sink(&buf[..n]);
                     self.keep(&buf[..n]);
                     read += n;
                     if read >= READ_ROUND {
@@ -284,11 +303,26 @@ fn poll(fds: &mut [libc::pollfd], wait: Duration) {
 }
 
 fn kill_group(pgid: i32) {
+    signal_group(pgid, libc::SIGKILL);
+}
+
+fn signal_group(pgid: i32, sig: i32) {
     // SAFETY: kill(2) on the process group of our own child, which we have
     // not reaped yet, so the id still names that group.
     unsafe {
-        libc::kill(-pgid, libc::SIGKILL);
+        libc::kill(-pgid, sig);
     }
+}
+
+/// How a process's turn ended (see [`pump`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// The direct child exited (its output drained, or the drain ran out).
+    Exited,
+    /// The timeout passed first.
+    TimedOut,
+    /// It was cancelled and did not exit within its grace after SIGTERM.
+    Stopped,
 }
 
 /// Runs `spec` for `ctx`, feeding `stdin`.
@@ -300,20 +334,29 @@ fn kill_group(pgid: i32) {
 /// - or [`DRAIN`] after the direct child exited (at the latest at the
 ///   timeout), when something it left behind still holds a pipe: the exit
 ///   status counts, and the output read so far is the output;
-/// - or at the timeout: the process group is killed and reading stops.
+/// - or at the timeout: the process group is killed and reading stops;
+/// - or, after a cancel, when the process group had its grace after
+///   SIGTERM ([`CANCEL_GRACE`], or the timeout if shorter) and the child
+///   still runs.
 ///
 /// Then whatever is left in the process group is killed and our pipe ends
-/// are closed; no thread is left waiting on the handler's pipes.
+/// are closed; no thread is left waiting on the handler's pipes. What the
+/// process printed also went to `ctx.live`, which records how it ended.
+/// `result_file`, if given, is named in `BERTH_RESULT`.
 pub fn run_command(
     spec: &CommandSpec,
     ctx: &TaskContext,
     stdin: &[u8],
     max_output: usize,
+    result_file: Option<&Path>,
 ) -> Result<Finished, String> {
     let Some(prog) = spec.argv.first() else {
         return Err("the command is empty".into());
     };
-    let mut child = spawn(spec, ctx)?;
+    if ctx.cancel_requested() {
+        return Err("cancelled before it started".into());
+    }
+    let mut child = spawn(spec, ctx, result_file)?;
     let pid = child.id() as i32;
     let running = Running::new(pid);
     let deadline = Instant::now() + spec.timeout;
@@ -335,14 +378,15 @@ pub fn run_command(
         true,
         0,
     );
-    let (exited, timed_out) = pump(
-        pid,
-        pidfd.as_ref(),
-        deadline,
-        &mut input,
-        &mut out,
-        &mut err,
-    );
+    let live = &ctx.live;
+    let grace = CANCEL_GRACE.min(spec.timeout);
+    let pipes = Pipes {
+        input: &mut input,
+        out: &mut out,
+        err: &mut err,
+    };
+    let ended = pump(pid, pidfd.as_ref(), deadline, pipes, live, grace);
+    let (exited, timed_out) = (ended == Ended::Exited, ended == Ended::TimedOut);
     // Close our pipe ends: nothing more is read or written.
     drop(input);
     out.file = None;
@@ -353,6 +397,7 @@ pub fn run_command(
     kill_group(pid);
     let (code, signal) = reap(child, prog, pidfd.as_ref(), exited)?;
     drop(running);
+    live.ended(code, signal, timed_out);
     Ok(Finished {
         code,
         signal,
@@ -360,13 +405,19 @@ pub fn run_command(
         stdout_cut: out.cut,
         stderr_tail: err.data,
         timed_out,
+        cancelled: live.cancel_requested(),
     })
 }
 
 /// Starts the handler process: argv without a shell, in `cwd`, in its own
 /// process group, with berth's environment, `env` and the `BERTH_*`
-/// variables, its three standard streams piped, and the death signal set.
-fn spawn(spec: &CommandSpec, ctx: &TaskContext) -> Result<std::process::Child, String> {
+/// variables (`BERTH_RESULT` when there is a result file), its three
+/// standard streams piped, and the death signal set.
+fn spawn(
+    spec: &CommandSpec,
+    ctx: &TaskContext,
+    result_file: Option<&Path>,
+) -> Result<std::process::Child, String> {
     let Some((prog, args)) = spec.argv.split_first() else {
         return Err("the command is empty".into());
     };
@@ -384,6 +435,10 @@ fn spawn(spec: &CommandSpec, ctx: &TaskContext) -> Result<std::process::Child, S
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
+    match result_file {
+        Some(f) => cmd.env(RESULT_ENV, f),
+        None => cmd.env_remove(RESULT_ENV),
+    };
     // SAFETY: prctl(2) is async-signal-safe; the handler dies with berth
     // (a crash, kill -9) instead of running on beside its own re-run.
     unsafe {
@@ -397,23 +452,36 @@ fn spawn(spec: &CommandSpec, ctx: &TaskContext) -> Result<std::process::Child, S
     cmd.spawn().map_err(|e| format!("cannot start {prog}: {e}"))
 }
 
+/// A process's three pipes, as [`pump`] moves data through them.
+struct Pipes<'a> {
+    input: &'a mut InPipe,
+    out: &'a mut OutPipe,
+    err: &'a mut OutPipe,
+}
+
 /// Moves data through the pipes until the attempt ends (see
-/// [`run_command`]). Returns whether the direct child exited, and whether
-/// the timeout ended the attempt.
+/// [`run_command`]), copying the output to `live`; a cancel sends SIGTERM
+/// to the group and gives it `grace` to exit.
 fn pump(
     pid: i32,
     pidfd: Option<&OwnedFd>,
     deadline: Instant,
-    input: &mut InPipe,
-    out: &mut OutPipe,
-    err: &mut OutPipe,
-) -> (bool, bool) {
+    pipes: Pipes<'_>,
+    live: &LiveAttempt,
+    grace: Duration,
+) -> Ended {
+    let Pipes { input, out, err } = pipes;
     let mut buf = vec![0u8; 64 * 1024];
     let mut exited_at: Option<Instant> = None;
+    let mut kill_at: Option<Instant> = None;
     loop {
+        if kill_at.is_none() && live.cancel_requested() {
+            signal_group(pid, libc::SIGTERM);
+            kill_at = Some(Instant::now() + grace);
+        }
         input.write_ready();
-        out.read_ready(&mut buf);
-        err.read_ready(&mut buf);
+        out.read_ready(&mut buf, &|c| live.stdout(c));
+        err.read_ready(&mut buf, &|c| live.stderr(c));
         if exited_at.is_none() && has_exited(pid) {
             exited_at = Some(Instant::now());
         }
@@ -423,12 +491,13 @@ fn pump(
                 // The drain never outlasts the timeout.
                 let end = (at + DRAIN).min(deadline.max(at));
                 if (out.file.is_none() && err.file.is_none()) || now >= end {
-                    return (true, false);
+                    return Ended::Exited;
                 }
                 end
             }
-            None if now >= deadline => return (false, true),
-            None => deadline,
+            None if now >= deadline => return Ended::TimedOut,
+            None if kill_at.is_some_and(|k| now >= k) => return Ended::Stopped,
+            None => kill_at.map_or(deadline, |k| k.min(deadline)),
         };
         let mut wait = until - now;
         let mut fds = Vec::with_capacity(4);
@@ -443,6 +512,12 @@ fn pump(
         if exited_at.is_none() {
             match pidfd {
                 Some(fd) => fds.push(pollfd(fd.as_raw_fd(), libc::POLLIN)),
+                None => wait = wait.min(TICK),
+            }
+        }
+        if kill_at.is_none() {
+            match live.cancel_fd() {
+                Some(fd) => fds.push(pollfd(fd, libc::POLLIN)),
                 None => wait = wait.min(TICK),
             }
         }
@@ -491,10 +566,76 @@ fn failure_message(f: &Finished) -> String {
     }
 }
 
+/// The result file's content, if it is a regular file: at most
+/// `max_output` bytes, or (when it is larger) its first
+/// [`budget::RESULT_HEAD`] bytes and `true`. None if it is gone or cannot
+/// be read. (Opened without blocking, so a FIFO put in its place cannot
+/// hold the worker.)
+fn read_result_file(path: &Path, max_output: usize) -> Option<(Vec<u8>, bool)> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut data = Vec::new();
+    file.take(max_output as u64 + 1)
+        .read_to_end(&mut data)
+        .ok()?;
+    if data.len() > max_output {
+        data.truncate(budget::RESULT_HEAD.min(max_output));
+        return Some((data, true));
+    }
+    Some((data, false))
+}
+
+/// A successful attempt's outcome from its result bytes (`what`: stdout or
+/// the result file): trimmed, JSON if it parses, else a JSON string, none
+/// if empty. Bytes `cut` at the read limit become the head of a
+/// `truncated` result.
+fn result_outcome(bytes: &[u8], cut: bool, what: &str, max_output: usize) -> Outcome {
+    if cut {
+        // Only the head was kept; a character cut at its end is dropped.
+        let head = match std::str::from_utf8(bytes) {
+            Err(e) if e.error_len().is_none() => &bytes[..e.valid_up_to()],
+            _ => bytes,
+        };
+        return Outcome {
+            output: Some(serde_json::Value::String(
+                String::from_utf8_lossy(head).trim().to_string(),
+            )),
+            output_cut: Some(format!(
+                "{what} is over the {} read limit",
+                format_size(max_output as u64)
+            )),
+            ..Outcome::success()
+        };
+    }
+    let text = String::from_utf8_lossy(bytes);
+    let trimmed = text.trim();
+    let output = if trimmed.is_empty() {
+        None
+    } else {
+        Some(
+            serde_json::from_str(trimmed)
+                .unwrap_or_else(|_| serde_json::Value::String(trimmed.to_string())),
+        )
+    };
+    Outcome {
+        output,
+        ..Outcome::success()
+    }
+}
+
 impl CommandHandler {
     fn check(&self, spec: &CommandSpec, ctx: &TaskContext) -> Result<(), String> {
         let stdin = serde_json::to_vec(&ctx.payload).unwrap_or_default();
-        let f = run_command(spec, ctx, &stdin, 64 * 1024)?;
+        let f = run_command(spec, ctx, &stdin, 64 * 1024, None)?;
+        if f.cancelled {
+            return Err("cancelled".into());
+        }
         if f.timed_out {
             return Err(format!("timed out after {}", format_duration(spec.timeout)));
         }
@@ -516,10 +657,32 @@ impl Handler for CommandHandler {
 
     fn run(&self, ctx: &TaskContext) -> Outcome {
         let stdin = serde_json::to_vec(&ctx.payload).unwrap_or_default();
-        let f = match run_command(&self.run, ctx, &stdin, self.max_output) {
+        // A fresh private file (0600, in the temp dir) per attempt, removed
+        // when the attempt is over; only its path is kept open. Without a
+        // usable temp dir the command runs without one.
+        let result_file = match tempfile::Builder::new().prefix("berth-result-").tempfile() {
+            Ok(f) => Some(f.into_temp_path()),
+            Err(e) => {
+                log::warn!(
+                    "task {}: cannot create a result file ({e}); {RESULT_ENV} is not set",
+                    ctx.task.id
+                );
+                None
+            }
+        };
+        let f = match run_command(
+            &self.run,
+            ctx,
+            &stdin,
+            self.max_output,
+            result_file.as_deref(),
+        ) {
             Ok(f) => f,
             Err(e) => return Outcome::fail(e),
         };
+        if f.cancelled {
+            return Outcome::fail("cancelled");
+        }
         if f.timed_out {
             return Outcome::fail(format!(
                 "timed out after {}",
@@ -527,39 +690,15 @@ impl Handler for CommandHandler {
             ));
         }
         match f.code {
-            Some(0) if f.stdout_cut => {
-                // Only the head was kept; a character cut at its end is dropped.
-                let head = match std::str::from_utf8(&f.stdout) {
-                    Err(e) if e.error_len().is_none() => &f.stdout[..e.valid_up_to()],
-                    _ => &f.stdout[..],
-                };
-                Outcome {
-                    output: Some(serde_json::Value::String(
-                        String::from_utf8_lossy(head).trim().to_string(),
-                    )),
-                    output_cut: Some(format!(
-                        "stdout is over the {} read limit",
-                        format_size(self.max_output as u64)
-                    )),
-                    ..Outcome::success()
+            Some(0) => match result_file
+                .as_deref()
+                .and_then(|p| read_result_file(p, self.max_output))
+            {
+                Some((bytes, cut)) if !bytes.is_empty() => {
+                    result_outcome(&bytes, cut, "the result file", self.max_output)
                 }
-            }
-            Some(0) => {
-                let text = String::from_utf8_lossy(&f.stdout);
-                let trimmed = text.trim();
-                let output = if trimmed.is_empty() {
-                    None
-                } else {
-                    Some(
-                        serde_json::from_str(trimmed)
-                            .unwrap_or_else(|_| serde_json::Value::String(trimmed.to_string())),
-                    )
-                };
-                Outcome {
-                    output,
-                    ..Outcome::success()
-                }
-            }
+                _ => result_outcome(&f.stdout, f.stdout_cut, "stdout", self.max_output),
+            },
             Some(EXIT_REPEAT) => Outcome::new(RunResult::Repeat),
             _ => Outcome::fail(failure_message(&f)),
         }

@@ -1,14 +1,17 @@
 //! An attempt's outcome, turned into store events in the step's transaction:
-//! follow-up tasks, then success (result, to the history), failure (backoff,
-//! or after the last attempt a dead letter), repeat or keep; and the group
-//! parent of a child brought up to date (`groups::progress` decides what it
-//! becomes). The queue's own state moves through `dispatch.rs`.
+//! its log (`attempt-logged`: outcome, exit, output tails), follow-up tasks,
+//! then success (result, to the history), failure (backoff, or after the
+//! last attempt a dead letter), repeat or keep; and the group parent of a
+//! child brought up to date (`groups::progress` decides what it becomes).
+//! An attempt whose task was being cancelled ends it `cancelled`, whatever
+//! it returned. The queue's own state moves through `dispatch.rs`.
 
 use crate::budget::Budget;
 use crate::engine::handler::{FollowUpAt, Outcome, REPEAT_INTERVAL, RunResult};
+use crate::engine::live::Captured;
 use crate::engine::scheduler::{Completion, LOG_TARGET, Scheduler, StepEnv};
 use crate::groups::{self, Child};
-use crate::store::{Placement, WriteError, WriteTxn};
+use crate::store::{AttemptLog, AttemptOutcome, OutputTail, Placement, WriteError, WriteTxn};
 use crate::task::{Status, Task};
 
 impl Scheduler {
@@ -20,6 +23,8 @@ impl Scheduler {
         c: Completion,
     ) -> Result<(), WriteError> {
         self.returned(&c.queue);
+        self.live.end(c.id);
+        let cancelled = self.cancels.stopping.remove(&c.id);
         let now = w.now();
         if !w.exists(c.id) || !w.is_live(c.id)? {
             log::info!(
@@ -30,6 +35,25 @@ impl Scheduler {
             return Ok(());
         }
         let task = w.task(c.id)?.clone();
+        let log_of = |outcome| attempt_log(&task, now, outcome, &c.output, env.budget);
+        if cancelled {
+            log::info!(
+                target: LOG_TARGET,
+                "task {} {} {} in {} ended (attempt {}, {} ms): cancelled",
+                task.id,
+                task.kind,
+                task.name,
+                task.queue,
+                task.attempts,
+                c.duration_ms,
+            );
+            w.log_attempt(task.id, log_of(AttemptOutcome::Cancelled))?;
+            w.cancel_one(task.id)?;
+            if let Some(p) = task.parent {
+                self.update_parent(w, p, false)?;
+            }
+            return Ok(());
+        }
         let mut outcome = c.outcome;
         let follow = checked_follow_ups(&task, &mut outcome, now, env.budget);
         log::info!(
@@ -43,6 +67,10 @@ impl Scheduler {
             c.duration_ms,
             outcome_word(&outcome.result)
         );
+        w.log_attempt(
+            task.id,
+            log_of(attempt_outcome(&outcome.result, c.output.timed_out)),
+        )?;
         for (t, at) in follow {
             let placement = follow_up_placement(&task, &t, at);
             w.enqueue(t, Some(placement))?;
@@ -148,6 +176,13 @@ impl Scheduler {
         let Some(status) = g.finished else {
             return Ok(());
         };
+        if self.cancels.groups.remove(&parent) {
+            // The group was cancelled: its last running child has returned.
+            w.cancel_one(parent)?;
+            log::info!(target: LOG_TARGET, "group {} {} cancelled", p.id, p.kind);
+            self.group_finished(&p.queue, parent);
+            return Ok(());
+        }
         w.to_history(parent, status)?;
         if status == Status::Failed {
             self.tally.dead_letters += 1;
@@ -198,6 +233,38 @@ fn follow_up_placement(task: &Task, t: &Task, at: FollowUpAt) -> Placement {
         FollowUpAt::Tail => Placement::Last,
         FollowUpAt::AfterCurrent if t.queue == task.queue => Placement::After(task.id),
         FollowUpAt::AfterCurrent => Placement::Last,
+    }
+}
+
+/// An attempt's log, from the task as it was when the attempt ended.
+fn attempt_log(
+    task: &Task,
+    now: u64,
+    outcome: AttemptOutcome,
+    out: &Captured,
+    budget: &Budget,
+) -> AttemptLog {
+    AttemptLog {
+        attempt: task.attempts,
+        started_at: task.started_at.unwrap_or(now),
+        ended_at: now,
+        outcome,
+        exit_code: out.exit_code,
+        signal: out.signal,
+        stdout: OutputTail::new(out.stdout.total, out.stdout.end(), budget),
+        stderr: OutputTail::new(out.stderr.total, out.stderr.end(), budget),
+    }
+}
+
+/// How an attempt ended, for its log: a failure after a process ran past
+/// its timeout is `timed out`.
+fn attempt_outcome(result: &RunResult, timed_out: bool) -> AttemptOutcome {
+    match result {
+        RunResult::Success => AttemptOutcome::Succeeded,
+        RunResult::Fail(m) if timed_out => AttemptOutcome::TimedOut { message: m.clone() },
+        RunResult::Fail(m) => AttemptOutcome::Failed { message: m.clone() },
+        RunResult::Repeat => AttemptOutcome::Repeat,
+        RunResult::Keep => AttemptOutcome::Keep,
     }
 }
 

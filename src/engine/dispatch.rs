@@ -140,6 +140,7 @@ impl Scheduler {
             picked: Arc::new(AtomicBool::new(true)),
             group: true,
             repeat: false,
+            cancel: false,
         });
         // A group whose children all finished before a crash finishes now.
         let any_live = parent.children.iter().any(|c| match w.task(*c) {
@@ -164,6 +165,7 @@ impl Scheduler {
             picked: picked.clone(),
             group: false,
             repeat,
+            cancel: false,
         });
         self.in_flight += 1;
         log::info!(
@@ -175,7 +177,8 @@ impl Scheduler {
             task.queue,
             task.attempts
         );
-        attempt::job(env, task, picked)
+        let live = self.live.start(task.id, task.attempts, now);
+        attempt::job(env, task, picked, live)
     }
 
     /// The earliest time a sleeping queue may start something.
@@ -195,6 +198,7 @@ impl Scheduler {
             .map(|(name, q)| {
                 let mut picked = None;
                 let a = match &q.running {
+                    Some(r) if r.cancel => QueueActivity::Cancelling,
                     Some(r) if !r.group && !r.picked.load(Ordering::SeqCst) => {
                         picked = Some(r.picked.clone());
                         if r.repeat {
@@ -257,6 +261,17 @@ impl Scheduler {
         q.activity_after = Some(QueueActivity::Repeat);
         if ready > now {
             q.sleep_until = ready;
+        }
+    }
+
+    /// A task that was `queue`'s head ended without running (cancelled):
+    /// the queue forgets its sleep (the head's backoff or delay), so the
+    /// next task may start at once.
+    pub(super) fn head_gone(&mut self, queue: &str) {
+        let q = self.queue(queue);
+        if q.running.is_none() {
+            q.sleep_until = 0;
+            q.activity_after = None;
         }
     }
 

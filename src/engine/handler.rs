@@ -9,6 +9,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::engine::live::LiveAttempt;
 use crate::task::{Task, TaskSpec};
 
 /// What a handler sees of a task.
@@ -21,6 +22,19 @@ pub struct TaskContext {
     pub attempt: u32,
     /// This engine's node name, if configured.
     pub node: Option<String>,
+    /// This attempt as it runs: a command handler appends its output here
+    /// and records how its processes ended; `berth task cancel` raises its
+    /// cancel signal.
+    pub live: Arc<LiveAttempt>,
+}
+
+impl TaskContext {
+    /// Whether `berth task cancel` asked this attempt to stop. A library
+    /// handler that runs long may look at it and return early; whatever it
+    /// returns, the task then ends as `cancelled`.
+    pub fn cancel_requested(&self) -> bool {
+        self.live.cancel_requested()
+    }
 }
 
 /// How a run ended.

@@ -6,10 +6,12 @@
 //! See `scheduler` for the per-step logic and its invariants.
 
 mod attempt;
+mod cancel;
 pub mod command;
 mod complete;
 mod dispatch;
 pub mod handler;
+pub mod live;
 pub mod pool;
 pub mod scheduler;
 pub mod status;
@@ -30,9 +32,10 @@ use crate::task::TaskSpec;
 pub use handler::{
     FollowUp, FollowUpAt, Handler, Handlers, Outcome, REPEAT_INTERVAL, RunResult, TaskContext,
 };
+pub use live::{LiveAttempt, LiveAttempts};
 pub use pool::Pool;
 pub use scheduler::Tally;
-use scheduler::{Msg, Scheduler, StepEnv};
+use scheduler::{CancelRequest, Msg, Scheduler, StepEnv};
 use status::QueueActivity;
 
 /// How the engine runs.
@@ -129,7 +132,39 @@ pub struct Engine {
     recovery_noted: AtomicBool,
     /// The latest queue activities, published by the loop for `queue list`.
     view: Mutex<View>,
+    /// The attempts running now (the scheduler's registry).
+    live: Arc<LiveAttempts>,
 }
+
+/// Why [`Engine::cancel`] has no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum CancelError {
+    #[error(transparent)]
+    Store(#[from] WriteError),
+    #[error("the daemon stopped before task {0} was cancelled")]
+    Stopped(u64),
+    #[error(
+        "task {id} is being cancelled, but its handler has not returned within {}; it ends \
+         cancelled when it does",
+        crate::units::format_duration(*waited)
+    )]
+    TimedOut { id: u64, waited: Duration },
+}
+
+/// What the loop received since its last step.
+#[derive(Debug, Default)]
+struct Inbox {
+    done: Vec<scheduler::Completion>,
+    cancels: Vec<CancelRequest>,
+}
+
+/// The most output tails a step's commit carries before the step commits
+/// what it has and goes on in a new transaction (a commit record must stay
+/// under `MAX_RECORD_BYTES` however many attempts end at once).
+const STEP_LOG_BYTES: usize = 16 << 20;
+
+/// How long a cancel waits for a running handler to return.
+const CANCEL_WAIT: Duration = Duration::from_secs(20);
 
 /// What the loop last published for `queue list`.
 #[derive(Debug, Default, Clone)]
@@ -153,6 +188,8 @@ impl Engine {
         let pool = Pool::new(config.worker_count(), "berth-worker")
             .map_err(|e| format!("starting {} worker threads: {e}", config.worker_count()))?;
         let (tx, rx) = crossbeam_channel::unbounded();
+        let sched = Scheduler::new();
+        let live = sched.live();
         Ok(Engine {
             store,
             handlers: Arc::new(handlers),
@@ -161,9 +198,10 @@ impl Engine {
             tx,
             rx,
             stop: Arc::new(AtomicBool::new(false)),
-            sched: Mutex::new(Scheduler::new()),
+            sched: Mutex::new(sched),
             recovery_noted: AtomicBool::new(false),
             view: Mutex::new(View::default()),
+            live,
         })
     }
 
@@ -204,6 +242,30 @@ impl Engine {
     /// Wakes the loop (after a change made directly in the store).
     pub fn wake(&self) {
         let _ = self.tx.send(Msg::Wake);
+    }
+
+    /// Cancels task `id` (see `cancel.rs`): at once if nothing runs it,
+    /// else once its handler (or, for a group, every running child's) has
+    /// been stopped and has returned. Returns the ids cancelled, children
+    /// first, once that is durable. Waits at most [`CANCEL_WAIT`].
+    pub fn cancel(&self, id: u64) -> Result<Vec<u64>, CancelError> {
+        let (reply, answer) = crossbeam_channel::bounded(1);
+        self.tx
+            .send(Msg::Cancel(CancelRequest { id, reply }))
+            .map_err(|_| CancelError::Stopped(id))?;
+        match answer.recv_timeout(CANCEL_WAIT) {
+            Ok(r) => Ok(r?),
+            Err(RecvTimeoutError::Timeout) => Err(CancelError::TimedOut {
+                id,
+                waited: CANCEL_WAIT,
+            }),
+            Err(RecvTimeoutError::Disconnected) => Err(CancelError::Stopped(id)),
+        }
+    }
+
+    /// The attempt of task `id` running now, if one does.
+    pub fn live_attempt(&self, id: u64) -> Option<Arc<LiveAttempt>> {
+        self.live.get(id)
     }
 
     /// The queue set with live statuses.
@@ -252,40 +314,63 @@ impl Engine {
         }
     }
 
-    /// One step: apply completions, start ready heads, in one write.
+    /// One step: apply completions and cancel requests, start ready heads,
+    /// in one write (several when the attempts' logs are large: see
+    /// [`STEP_LOG_BYTES`]). Cancel requests are answered once the write
+    /// that ended their task is durable.
     fn step(
         &self,
         sched: &mut Scheduler,
-        done: Vec<scheduler::Completion>,
+        inbox: Inbox,
         dispatch: bool,
     ) -> Result<usize, WriteError> {
         let env = self.env();
-        let mut w = self.store.write();
-        // Completions (and the follow-ups they add) record work already
-        // under way: they may use the disk reserve.
-        w.use_reserve();
-        let mut progress = done.len();
-        for c in done {
-            sched.complete(&mut w, &env, c)?;
+        let mut progress = inbox.done.len() + inbox.cancels.len();
+        let mut done = inbox.done.into_iter().peekable();
+        let mut answers = Vec::new();
+        loop {
+            let mut w = self.store.write();
+            // Completions (and the follow-ups they add) record work already
+            // under way: they may use the disk reserve.
+            w.use_reserve();
+            let mut bytes = 0;
+            while let Some(c) =
+                done.next_if(|c| bytes == 0 || bytes + c.output.log_bytes() <= STEP_LOG_BYTES)
+            {
+                bytes += c.output.log_bytes();
+                sched.complete(&mut w, &env, c)?;
+            }
+            if done.peek().is_some() {
+                answers.extend(sched.answered_cancels(&mut w));
+                w.commit()?;
+                continue;
+            }
+            for r in inbox.cancels {
+                answers.extend(sched.request_cancel(&mut w, r));
+            }
+            let jobs = if dispatch {
+                sched.dispatch(&mut w, &env)?
+            } else {
+                Vec::new()
+            };
+            answers.extend(sched.answered_cancels(&mut w));
+            w.commit()?;
+            for (reply, answer) in answers {
+                let _ = reply.send(answer);
+            }
+            progress += jobs.len();
+            for j in jobs {
+                self.pool.submit(j);
+            }
+            return Ok(progress);
         }
-        let jobs = if dispatch {
-            sched.dispatch(&mut w, &env)?
-        } else {
-            Vec::new()
-        };
-        w.commit()?;
-        progress += jobs.len();
-        for j in jobs {
-            self.pool.submit(j);
-        }
-        Ok(progress)
     }
 
-    fn collect(&self, first: Msg, done: &mut Vec<scheduler::Completion>) {
-        let mut push = |m: Msg| {
-            if let Msg::Done(c) = m {
-                done.push(c);
-            }
+    fn collect(&self, first: Msg, inbox: &mut Inbox) {
+        let mut push = |m: Msg| match m {
+            Msg::Done(c) => inbox.done.push(c),
+            Msg::Cancel(r) => inbox.cancels.push(r),
+            Msg::Wake => {}
         };
         push(first);
         while let Ok(m) = self.rx.try_recv() {
@@ -306,7 +391,7 @@ impl Engine {
 
     fn run_loop(&self, until_idle: bool) -> Result<RunSummary, WriteError> {
         let mut sched = self.sched.lock().unwrap_or_else(|p| p.into_inner());
-        let mut done = Vec::new();
+        let mut inbox = Inbox::default();
         let mut grace_end: Option<Instant> = None;
         let mut stuck = 0;
         if !self.recovery_noted.swap(true, Ordering::SeqCst) {
@@ -330,7 +415,7 @@ impl Engine {
                 grace_end = Some(Instant::now() + self.config.grace);
             }
             let dispatch = !stopping && paused.is_none();
-            let progress = self.step(&mut sched, std::mem::take(&mut done), dispatch)?;
+            let progress = self.step(&mut sched, std::mem::take(&mut inbox), dispatch)?;
             self.publish(&sched, stopping, paused.clone());
             if stopping && sched.in_flight() == 0 {
                 break;
@@ -354,7 +439,7 @@ impl Engine {
                 stuck = queued;
                 break;
             }
-            if !self.wait(&sched, stopping, wake, grace_end, &mut done) {
+            if !self.wait(&sched, stopping, wake, grace_end, &mut inbox) {
                 break;
             }
         }
@@ -392,7 +477,7 @@ impl Engine {
         stopping: bool,
         wake: Option<u64>,
         grace_end: Option<Instant>,
-        done: &mut Vec<scheduler::Completion>,
+        inbox: &mut Inbox,
     ) -> bool {
         let clock = self.store.clock();
         if sched.in_flight() == 0
@@ -418,7 +503,7 @@ impl Engine {
             timeout = timeout.min(left);
         }
         match self.rx.recv_timeout(timeout) {
-            Ok(m) => self.collect(m, done),
+            Ok(m) => self.collect(m, inbox),
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return false,
         }

@@ -16,11 +16,15 @@
 //!
 //! - `dispatch.rs`: the queue state machine: which heads start (and group
 //!   dispatch), sleeps and wake-ups, live statuses;
-//! - `complete.rs`: an attempt's outcome to store events: success, failure
-//!   (backoff, dead letter), repeat, keep, follow-ups, group parent updates;
-//! - `attempt.rs`: the worker side of one attempt.
+//! - `complete.rs`: an attempt's outcome to store events (its log, then
+//!   success, failure (backoff, dead letter), repeat, keep, follow-ups,
+//!   group parent updates);
+//! - `cancel.rs`: `berth task cancel`: what ends at once, what is stopped
+//!   first, and the answers;
+//! - `attempt.rs`: the worker side of one attempt;
+//! - `live.rs`: the attempts running now (output so far, cancel signal).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -29,7 +33,9 @@ use crossbeam_channel::Sender;
 use crate::budget::Budget;
 use crate::engine::EngineConfig;
 use crate::engine::handler::{Handlers, Outcome};
+use crate::engine::live::{Captured, LiveAttempts};
 use crate::engine::status::QueueActivity;
+use crate::store::WriteError;
 
 /// The target of every line the scheduler logs, whichever of its files logs
 /// it (`berth::engine::scheduler`), so log lines and `RUST_LOG` filters do
@@ -43,6 +49,19 @@ pub struct Completion {
     pub queue: String,
     pub outcome: Outcome,
     pub duration_ms: u64,
+    /// What the attempt printed, and how its last process ended.
+    pub output: Box<Captured>,
+}
+
+/// What `berth task cancel` gets back: the ids cancelled (children first),
+/// once that is durable.
+pub type CancelReply = crossbeam_channel::Sender<Result<Vec<u64>, WriteError>>;
+
+/// A request to cancel a task, answered on `reply`.
+#[derive(Debug)]
+pub struct CancelRequest {
+    pub id: u64,
+    pub reply: CancelReply,
 }
 
 /// Messages to the scheduler.
@@ -50,6 +69,20 @@ pub struct Completion {
 pub enum Msg {
     Done(Completion),
     Wake,
+    Cancel(CancelRequest),
+}
+
+/// Cancels under way: running tasks whose handlers were asked to stop, and
+/// what waits for them.
+#[derive(Debug, Default)]
+pub(super) struct Cancels {
+    /// Running tasks asked to stop: they end `cancelled` when they return.
+    pub(super) stopping: BTreeSet<u64>,
+    /// Group parents that end `cancelled` once no child is live.
+    pub(super) groups: BTreeSet<u64>,
+    /// Requests answered once their task has left the live tasks: (the
+    /// task, the ids to report, the reply).
+    pub(super) waiting: Vec<(u64, Vec<u64>, CancelReply)>,
 }
 
 /// A queue's head that started (or a group parent whose children run).
@@ -63,6 +96,8 @@ pub(super) struct Running {
     pub(super) group: bool,
     /// Started again because it asked to repeat.
     pub(super) repeat: bool,
+    /// Asked to stop (`berth task cancel`); for a group parent, its group.
+    pub(super) cancel: bool,
 }
 
 /// What the scheduler knows of one queue between steps.
@@ -104,6 +139,9 @@ pub struct Scheduler {
     pub(super) queues: BTreeMap<String, QueueState>,
     pub(super) in_flight: usize,
     pub tally: Tally,
+    /// The attempts running now (shared with the engine's readers).
+    pub(super) live: Arc<LiveAttempts>,
+    pub(super) cancels: Cancels,
 }
 
 /// What the scheduler needs from the engine for one step.
@@ -120,7 +158,14 @@ impl Scheduler {
             queues: BTreeMap::new(),
             in_flight: 0,
             tally: Tally::default(),
+            live: Arc::new(LiveAttempts::default()),
+            cancels: Cancels::default(),
         }
+    }
+
+    /// The attempts running now, for readers outside the loop.
+    pub fn live(&self) -> Arc<LiveAttempts> {
+        self.live.clone()
     }
 
     /// Jobs handed to the pool and not yet back.

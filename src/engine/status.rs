@@ -24,6 +24,9 @@ pub enum QueueActivity {
     Stop,
     /// Nothing starts: less than the disk reserve is free.
     Paused { free: u64, reserve: u64 },
+    /// The head (or the group it holds for) is being cancelled: its
+    /// handlers were asked to stop.
+    Cancelling,
 }
 
 fn whole_secs(ms: u64) -> String {
@@ -55,6 +58,7 @@ pub fn render(activity: &QueueActivity, now_ms: u64) -> String {
         }
         QueueActivity::Repeat => "repeat head task".into(),
         QueueActivity::Stop => "stop".into(),
+        QueueActivity::Cancelling => "cancel first task".into(),
         QueueActivity::Paused { free, reserve } => format!(
             "paused: disk nearly full ({} free, {} kept in reserve)",
             format_size(*free),
@@ -91,5 +95,6 @@ mod tests {
         );
         assert_eq!(render(&QueueActivity::Repeat, 0), "repeat head task");
         assert_eq!(render(&QueueActivity::Stop, 0), "stop");
+        assert_eq!(render(&QueueActivity::Cancelling, 0), "cancel first task");
     }
 }

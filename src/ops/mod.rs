@@ -10,6 +10,7 @@
 //! The result of every operation is JSON (the socket's wire form), so the
 //! command prints the same thing whichever way the request went.
 
+mod attempts;
 mod list;
 mod tasks;
 
@@ -22,6 +23,7 @@ use crate::store::{OpenError, Placement, ReadError, Store, WriteError};
 use crate::submit::EnqueueError;
 use crate::task::TaskSpec;
 
+pub use attempts::{task_cancel, task_log, task_output};
 pub use list::{STATUS_WORDS, TaskFilter, glob, task_list};
 pub use tasks::{enqueue, enqueue_batch, queue_list, task_remove, task_retry, task_show};
 
@@ -215,6 +217,9 @@ pub enum Request {
     },
     TaskRemove {
         id: u64,
+        /// Also a finished task (its record and logs are deleted).
+        #[serde(default)]
+        history: bool,
     },
     TaskRetry {
         id: u64,
@@ -222,6 +227,26 @@ pub enum Request {
     TaskList {
         #[serde(default)]
         filter: TaskFilter,
+    },
+    /// A task's recorded attempts (`task log`): all, or one.
+    TaskLog {
+        id: u64,
+        #[serde(default)]
+        attempt: Option<u32>,
+    },
+    /// What `task log --follow` polls: the running attempt's output after
+    /// the offsets (for `attempt`; another attempt's from the start).
+    TaskOutput {
+        id: u64,
+        #[serde(default)]
+        attempt: Option<u32>,
+        #[serde(default)]
+        stdout_from: u64,
+        #[serde(default)]
+        stderr_from: u64,
+    },
+    TaskCancel {
+        id: u64,
     },
 }
 
@@ -240,10 +265,14 @@ impl Request {
     pub fn access(&self) -> Access {
         match self {
             Request::Enqueue { .. } | Request::EnqueueBatch { .. } => Access::Create,
-            Request::TaskRemove { .. } | Request::TaskRetry { .. } => Access::Write,
-            Request::QueueList {} | Request::TaskShow { .. } | Request::TaskList { .. } => {
-                Access::Read
+            Request::TaskRemove { .. } | Request::TaskRetry { .. } | Request::TaskCancel { .. } => {
+                Access::Write
             }
+            Request::QueueList {}
+            | Request::TaskShow { .. }
+            | Request::TaskList { .. }
+            | Request::TaskLog { .. }
+            | Request::TaskOutput { .. } => Access::Read,
         }
     }
 }
@@ -271,8 +300,16 @@ pub fn execute(ctx: &Ctx<'_>, req: Request) -> Result<Value, OpError> {
         Request::EnqueueBatch { tasks } => enqueue_batch(ctx, tasks).map(|ids| json!(ids)),
         Request::QueueList {} => queue_list(ctx).map(|views| report::views_to_json(&views)),
         Request::TaskShow { id } => task_show(ctx, id),
-        Request::TaskRemove { id } => task_remove(ctx, id).map(|ids| json!(ids)),
+        Request::TaskRemove { id, history } => task_remove(ctx, id, history).map(|ids| json!(ids)),
         Request::TaskRetry { id } => task_retry(ctx, id).map(|()| json!([id])),
         Request::TaskList { filter } => task_list(ctx, &filter).map(|rows| json!(rows)),
+        Request::TaskLog { id, attempt } => task_log(ctx, id, attempt),
+        Request::TaskOutput {
+            id,
+            attempt,
+            stdout_from,
+            stderr_from,
+        } => task_output(ctx, id, attempt, stdout_from, stderr_from),
+        Request::TaskCancel { id } => task_cancel(ctx, id).map(|ids| json!(ids)),
     }
 }

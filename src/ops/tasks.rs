@@ -1,5 +1,6 @@
 //! The operations on tasks and queues: enqueue (one or a batch), `queue
-//! list`, `task show`, `task remove`, `task retry`.
+//! list`, `task show`, `task remove`, `task retry`. (A task's attempts and
+//! `task cancel` are in `attempts.rs`.)
 
 use serde_json::Value;
 
@@ -7,7 +8,7 @@ use super::{Ctx, OpError};
 use crate::report::{self, QueueView};
 use crate::store::{Placement, Store};
 use crate::submit;
-use crate::task::TaskSpec;
+use crate::task::{Status, TaskSpec};
 
 fn no_task(id: u64) -> OpError {
     OpError::runtime(format!("no task {id}"))
@@ -58,10 +59,36 @@ pub fn task_show(ctx: &Ctx<'_>, id: u64) -> Result<Value, OpError> {
     Ok(report::task_wire(&task, store.budget()))
 }
 
-/// Removes a task (a group parent with its children); returns the ids removed.
-pub fn task_remove(ctx: &Ctx<'_>, id: u64) -> Result<Vec<u64>, OpError> {
+/// Removes a task (a group parent with its children); returns the ids
+/// removed. A running task (or a group with a running child) is refused:
+/// cancel it first. A finished task is removed only with `history` (its
+/// record and attempt logs are deleted).
+pub fn task_remove(ctx: &Ctx<'_>, id: u64, history: bool) -> Result<Vec<u64>, OpError> {
     let store = ctx.store.ok_or_else(|| no_task(id))?;
     let mut w = store.write();
+    let task = w.task(id)?.clone();
+    if !w.is_live(id)? {
+        if !history {
+            return Err(OpError::runtime(format!(
+                "task {id} is finished ({}); removing it deletes its record and its attempt logs: \
+                 add --history to do that (berth task remove {id} --history)",
+                task.status.as_str()
+            )));
+        }
+    } else if task.status == Status::Running {
+        return Err(OpError::runtime(format!(
+            "task {id} is running; cancel it first (berth task cancel {id})"
+        )));
+    } else {
+        for child in task.children.iter().copied() {
+            if w.exists(child) && w.is_live(child)? && w.task(child)?.status == Status::Running {
+                return Err(OpError::runtime(format!(
+                    "task {id} is a group whose task {child} is running; cancel the group \
+                     first (berth task cancel {id})"
+                )));
+            }
+        }
+    }
     let removed = w.remove(id)?;
     w.commit()?;
     ctx.changed();

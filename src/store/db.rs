@@ -1,6 +1,7 @@
 //! The store: what an open data dir holds, and every read. Opening is in
 //! `open`, writing goes through [`WriteTxn`](super::WriteTxn).
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -10,6 +11,7 @@ use std::time::Duration;
 use crate::budget::Budget;
 use crate::clock::SharedClock;
 use crate::codec;
+use crate::store::attempts::AttemptLog;
 use crate::store::durability::{Durability, GroupCommit};
 use crate::store::error::WriteError;
 use crate::store::error::{CorruptRecord, ReadError};
@@ -22,6 +24,9 @@ use crate::store::order::Order;
 use crate::store::overlay::Overlay;
 use crate::store::write::WriteTxn;
 use crate::task::Task;
+
+/// An attempt log with the task id and attempt number its key names.
+pub type LoggedAttempt = ((u64, u32), AttemptLog);
 
 /// How to open a data dir.
 #[derive(Debug, Clone)]
@@ -308,36 +313,97 @@ impl Store {
     }
 
     fn scan<T: bincode::Decode<()>>(&self, prefix: u8) -> Vec<Result<T, CorruptRecord>> {
+        self.scan_keyed(&[prefix])
+            .into_iter()
+            .map(|(_, v)| v)
+            .collect()
+    }
+
+    /// Every record whose key starts with `prefix`, with its key, in key
+    /// order; corrupt ones as errors.
+    fn scan_keyed<T: bincode::Decode<()>>(
+        &self,
+        prefix: &[u8],
+    ) -> Vec<(Vec<u8>, Result<T, CorruptRecord>)> {
+        let decode = |k: &[u8], v: &[u8]| codec::decode(v).map_err(|e| CorruptRecord::new(k, e));
+        self.scan_raw(prefix)
+            .into_iter()
+            .map(|(k, v)| match v {
+                Ok(v) => {
+                    let d = decode(&k, &v);
+                    (k, d)
+                }
+                Err(c) => (k, Err(c)),
+            })
+            .collect()
+    }
+
+    /// Every key that starts with `prefix` and its current value, in key
+    /// order (pending writes win over the tree's).
+    fn scan_raw(&self, prefix: &[u8]) -> Vec<(Vec<u8>, Result<sled::IVec, CorruptRecord>)> {
         // Pending writes first, so a key the applier writes meanwhile is read
         // with a value at least as new as the one it had when the scan began.
         let mut pending = self.overlay.prefix(prefix).into_iter().peekable();
-        let decode = |k: &[u8], v: &[u8]| codec::decode(v).map_err(|e| CorruptRecord::new(k, e));
         let mut out = Vec::new();
-        for item in self.tree.scan_prefix([prefix]) {
+        for item in self.tree.scan_prefix(prefix) {
             let (k, v) = match item {
                 Ok(kv) => kv,
                 Err(e) => {
-                    out.push(Err(CorruptRecord::new(&[prefix], e)));
+                    out.push((prefix.to_vec(), Err(CorruptRecord::new(prefix, e))));
                     continue;
                 }
             };
             while let Some((pk, pv)) = pending.next_if(|(pk, _)| pk.as_slice() < &k[..]) {
                 if let Some(pv) = pv {
-                    out.push(decode(&pk, &pv));
+                    out.push((pk, Ok(pv)));
                 }
             }
             match pending.next_if(|(pk, _)| pk.as_slice() == &k[..]) {
-                Some((_, Some(pv))) => out.push(decode(&k, &pv)),
+                Some((_, Some(pv))) => out.push((k.to_vec(), Ok(pv))),
                 Some((_, None)) => {}
-                None => out.push(decode(&k, &v)),
+                None => out.push((k.to_vec(), Ok(v))),
             }
         }
         for (pk, pv) in pending {
             if let Some(pv) = pv {
-                out.push(decode(&pk, &pv));
+                out.push((pk, Ok(pv)));
             }
         }
         out
+    }
+
+    /// The attempt logs of task `id`, oldest first (at most the last
+    /// `KEEP_ATTEMPTS`).
+    pub fn attempts(&self, id: u64) -> Result<Vec<AttemptLog>, ReadError> {
+        self.scan_keyed(&keys::attempt_prefix(id))
+            .into_iter()
+            .map(|(_, r)| r.map_err(ReadError::from))
+            .collect()
+    }
+
+    /// The attempt numbers task `id` has logs for, without reading them.
+    pub fn attempt_numbers(&self, id: u64) -> Result<BTreeSet<u32>, ReadError> {
+        let mut out = BTreeSet::new();
+        for (k, v) in self.scan_raw(&keys::attempt_prefix(id)) {
+            v?;
+            if let Some((_, n)) = keys::parse_attempt_key(&k) {
+                out.insert(n);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every attempt log in the store, by task id and attempt number (as
+    /// their keys say), corrupt ones as errors.
+    pub fn all_attempts(&self) -> Vec<Result<LoggedAttempt, CorruptRecord>> {
+        self.scan_keyed(&[keys::ATTEMPT])
+            .into_iter()
+            .map(|(k, r)| {
+                let at = keys::parse_attempt_key(&k)
+                    .ok_or_else(|| CorruptRecord::new(&k, "not an attempt key"))?;
+                Ok((at, r?))
+            })
+            .collect()
     }
 
     /// The event log from `from_seq` on. A corrupt commit record yields one

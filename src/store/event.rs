@@ -6,6 +6,7 @@
 use bincode::{Decode, Encode};
 
 use crate::budget::Blob;
+use crate::store::attempts::AttemptLog;
 use crate::store::order::Placement;
 use crate::task::{Status, Task};
 
@@ -91,6 +92,18 @@ pub enum EventKind {
         id: u64,
         placement: Placement,
     },
+    /// An attempt ended; its log goes under `o` ‖ id ‖ attempt, and the
+    /// task's logs beyond the last `KEEP_ATTEMPTS` are dropped (see
+    /// `attempts`). The task itself does not change. (Variant 10.)
+    AttemptLogged {
+        id: u64,
+        log: Box<AttemptLog>,
+    },
+    /// `berth task cancel`: the task ends as `cancelled`; a
+    /// `MovedToHistory(cancelled)` follows in the same commit. (Variant 11.)
+    Cancelled {
+        id: u64,
+    },
 }
 
 impl EventKind {
@@ -106,6 +119,8 @@ impl EventKind {
             | EventKind::GroupUpdated { id, .. }
             | EventKind::Removed { id }
             | EventKind::Retried { id, .. }
+            | EventKind::AttemptLogged { id, .. }
+            | EventKind::Cancelled { id }
             | EventKind::MovedToHistory { id, .. } => *id,
         }
     }
@@ -128,15 +143,25 @@ impl EventKind {
             EventKind::Removed { .. } => "removed",
             EventKind::Retried { .. } => "retried",
             EventKind::MovedToHistory { .. } => "moved-to-history",
+            EventKind::AttemptLogged { .. } => "attempt-logged",
+            EventKind::Cancelled { .. } => "cancelled",
         }
     }
 }
 
 /// Applies an event's effect on the task's fields (not on queue order).
-/// `Enqueued` and `Removed` create and delete tasks and are handled by the caller.
+/// `Enqueued` and `Removed` create and delete tasks and are handled by the
+/// caller; `AttemptLogged` changes no task field (its log is a key of its own).
 pub fn apply(task: &mut Task, at: u64, kind: &EventKind) {
     match kind {
-        EventKind::Enqueued { .. } | EventKind::Removed { .. } => {}
+        EventKind::Enqueued { .. }
+        | EventKind::Removed { .. }
+        | EventKind::AttemptLogged { .. } => {}
+        EventKind::Cancelled { .. } => {
+            task.status = Status::Cancelled;
+            task.retry_at = None;
+            task.finished_at = Some(at);
+        }
         EventKind::Placed { queue, .. } => task.queue = queue.clone(),
         EventKind::Started { .. } => {
             task.status = Status::Running;

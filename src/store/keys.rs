@@ -10,6 +10,7 @@
 //! | `h` id:u64                            | finished task         |
 //! | `e` seq:u64                           | commit record         |
 //! | `q` queue-name 0x00 position:i64(*)   | task id:u64           |
+//! | `o` id:u64 attempt:u32                | attempt log           |
 //!
 //! (*) positions are stored with the sign bit flipped so that negative
 //! positions sort before positive ones.
@@ -19,6 +20,13 @@ pub const TASK: u8 = b't';
 pub const HISTORY: u8 = b'h';
 pub const EVENT: u8 = b'e';
 pub const QUEUE: u8 = b'q';
+/// An attempt's log (`AttemptLog`): `o` ‖ task id ‖ attempt number. New
+/// logs are added at the end of this range (ids grow), so the leaf sled
+/// rewrites for each one also holds the first keys of the next range:
+/// here the small `q` keys. (Before `e`, as `a` was at first, that leaf
+/// held the oldest commit records, which can be megabytes: sled rewrote
+/// them, as blobs, at every step, and the engine ran at half speed.)
+pub const ATTEMPT: u8 = b'o';
 
 pub const META_FORMAT: &[u8] = b"mformat";
 /// The key (first event number) of a commit record up to which every record's
@@ -52,6 +60,32 @@ pub fn parse_id_key(key: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(b))
 }
 
+/// The key of attempt `attempt` of task `id`: `o` ‖ id (u64 BE) ‖ attempt
+/// (u32 BE), so a task's logs are contiguous and in attempt order.
+pub fn attempt_key(id: u64, attempt: u32) -> [u8; 13] {
+    let mut k = [0u8; 13];
+    k[0] = ATTEMPT;
+    k[1..9].copy_from_slice(&id.to_be_bytes());
+    k[9..].copy_from_slice(&attempt.to_be_bytes());
+    k
+}
+
+/// The prefix of every attempt key of task `id`.
+pub fn attempt_prefix(id: u64) -> [u8; 9] {
+    id_key(ATTEMPT, id)
+}
+
+/// Splits an attempt key into task id and attempt number.
+pub fn parse_attempt_key(key: &[u8]) -> Option<(u64, u32)> {
+    if key.len() != 13 || key[0] != ATTEMPT {
+        return None;
+    }
+    let id = parse_id_key(&key[..9])?;
+    let mut b = [0u8; 4];
+    b.copy_from_slice(&key[9..]);
+    Some((id, u32::from_be_bytes(b)))
+}
+
 fn pos_bytes(pos: i64) -> [u8; 8] {
     ((pos as u64) ^ (1 << 63)).to_be_bytes()
 }
@@ -82,6 +116,10 @@ pub fn key_display(key: &[u8]) -> String {
         Some(&p @ (TASK | HISTORY | EVENT)) if key.len() == 9 => {
             format!("{}/{}", p as char, parse_id_key(key).unwrap_or(0))
         }
+        Some(&ATTEMPT) => match parse_attempt_key(key) {
+            Some((id, n)) => format!("o/{id}/{n}"),
+            None => format!("{key:?}"),
+        },
         Some(&QUEUE) => match parse_queue_key(key) {
             Some((q, pos)) => format!("q/{q}/{pos}"),
             None => format!("{key:?}"),
@@ -112,5 +150,24 @@ mod tests {
         assert!(id_key(TASK, 2) < id_key(TASK, 256));
         assert_eq!(parse_id_key(&id_key(EVENT, 99)), Some(99));
         assert_eq!(key_display(&id_key(TASK, 42)), "t/42");
+    }
+
+    #[test]
+    fn attempt_keys_sort_by_task_then_attempt_and_round_trip() {
+        let keys = [
+            attempt_key(1, 1),
+            attempt_key(1, 2),
+            attempt_key(1, 256),
+            attempt_key(2, 1),
+            attempt_key(256, 0),
+        ];
+        let mut sorted = keys;
+        sorted.sort();
+        assert_eq!(keys, sorted);
+        assert_eq!(parse_attempt_key(&attempt_key(7, 3)), Some((7, 3)));
+        assert!(attempt_key(7, 3).starts_with(&attempt_prefix(7)));
+        assert!(!attempt_key(8, 3).starts_with(&attempt_prefix(7)));
+        assert_eq!(parse_attempt_key(&id_key(ATTEMPT, 7)), None);
+        assert_eq!(key_display(&attempt_key(42, 5)), "o/42/5");
     }
 }

@@ -2,6 +2,7 @@
 //! write transactions that append to the event log in the same batch.
 //! It knows nothing of handlers or the engine.
 
+pub mod attempts;
 mod db;
 pub mod durability;
 mod error;
@@ -17,6 +18,7 @@ mod panics;
 pub mod verify;
 mod write;
 
+pub use attempts::{AttemptLog, AttemptOutcome, OutputTail};
 pub use db::{Options, Store};
 pub use durability::Durability;
 pub use error::{CorruptRecord, OpenError, ReadError, WriteError};
@@ -25,4 +27,4 @@ pub use health::{DEFAULT_RESERVE as DEFAULT_DISK_RESERVE, SpaceError, free_bytes
 pub use lock::Role;
 pub use order::Placement;
 pub use panics::catch as catch_panic;
-pub use write::WriteTxn;
+pub use write::{Cancellation, WriteTxn};

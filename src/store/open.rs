@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use crate::clock::SharedClock;
 use crate::codec;
+use crate::store::attempts::AttemptLog;
 use crate::store::db::{Inner, Options, Store};
 use crate::store::durability::{Durability, GroupCommit};
 use crate::store::error::{CorruptRecord, OpenError, WriteError};
@@ -535,15 +536,18 @@ impl Store {
     }
 
     /// Step 7's second half: puts tasks that were running when the process died back to
-    /// waiting: one `failed` event each with [`INTERRUPTED`] and no delay, in
-    /// one ordinary commit. They keep their place at the head.
+    /// waiting: one `failed` event each with [`INTERRUPTED`] and no delay,
+    /// after an `attempt-logged` event whose outcome is `interrupted`, in one
+    /// ordinary commit. They keep their place at the head.
     fn recover(&mut self) -> Result<(), WriteError> {
         let mut interrupted = Vec::new();
         let mut corrupt = Vec::new();
         for item in self.tree.scan_prefix([TASK]) {
             let (k, v) = item?;
             match codec::decode::<Task>(&v) {
-                Ok(t) if t.status == Status::Running => interrupted.push(t.id),
+                Ok(t) if t.status == Status::Running => {
+                    interrupted.push((t.id, t.attempts, t.started_at))
+                }
                 Ok(_) => {}
                 Err(e) => corrupt.push(CorruptRecord::new(&k, e)),
             }
@@ -553,10 +557,13 @@ impl Store {
             return Ok(());
         }
         let mut txn = self.write();
-        for id in &interrupted {
-            txn.fail(*id, INTERRUPTED.to_string(), None)?;
+        let now = txn.now();
+        for &(id, attempt, started_at) in &interrupted {
+            txn.log_attempt(id, AttemptLog::interrupted(attempt, started_at, now))?;
+            txn.fail(id, INTERRUPTED.to_string(), None)?;
         }
         txn.commit()?;
+        let interrupted: Vec<u64> = interrupted.into_iter().map(|(id, _, _)| id).collect();
         log::info!(
             "{}: {} interrupted task(s) put back to wait: {:?}",
             self.dir().display(),

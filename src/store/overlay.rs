@@ -80,18 +80,13 @@ impl Overlay {
     }
 
     /// Pending entries whose keys start with `prefix`, in key order.
-    pub fn prefix(&self, prefix: u8) -> BTreeMap<Vec<u8>, Option<IVec>> {
+    pub fn prefix(&self, prefix: &[u8]) -> BTreeMap<Vec<u8>, Option<IVec>> {
         let st = self.lock();
-        let start = [prefix];
-        let range = match prefix.checked_add(1) {
-            Some(end) => st
-                .map
-                .range::<[u8], _>((Bound::Included(&start[..]), Bound::Excluded(&[end][..]))),
-            None => st
-                .map
-                .range::<[u8], _>((Bound::Included(&start[..]), Bound::Unbounded)),
-        };
-        range.map(|(k, (v, _))| (k.clone(), v.clone())).collect()
+        st.map
+            .range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded))
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, (v, _))| (k.clone(), v.clone()))
+            .collect()
     }
 
     /// Waits while too much is pending (called before a commit inserts its record).

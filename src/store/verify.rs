@@ -2,10 +2,14 @@
 //! against the store's state ([`verify`]). The replay keeps queues as plain
 //! vectors, independent of the store's position keys, so it checks the order
 //! logic too. Offline replay of an exported log uses the same [`replay`].
+//! Attempt logs are replayed too (`AttemptLogged` adds one and drops the
+//! oldest beyond the last `KEEP_ATTEMPTS`, `Removed` drops a task's) and
+//! compared whole with the `o` keys.
 
 use std::collections::BTreeMap;
 
 use crate::store::Store;
+use crate::store::attempts::{self, AttemptLog};
 use crate::store::error::CorruptRecord;
 use crate::store::event::{self, Event, EventKind};
 use crate::store::order::Placement;
@@ -18,6 +22,9 @@ pub struct Model {
     pub history: BTreeMap<u64, Task>,
     /// Non-empty queues, head first.
     pub queues: BTreeMap<String, Vec<u64>>,
+    /// Attempt logs, by task id and attempt number (the last
+    /// `KEEP_ATTEMPTS` of each task).
+    pub attempts: BTreeMap<(u64, u32), AttemptLog>,
     /// The sequence number of the last event applied.
     pub last_seq: u64,
 }
@@ -106,6 +113,21 @@ impl Model {
                     return Err(unknown());
                 }
                 self.unqueue(id);
+                self.attempts.retain(|(task, _), _| *task != id);
+            }
+            EventKind::AttemptLogged { log, .. } => {
+                if !self.live.contains_key(&id) {
+                    return Err(unknown());
+                }
+                self.attempts.insert((id, log.attempt), (**log).clone());
+                let numbers = self
+                    .attempts
+                    .range((id, 0)..=(id, u32::MAX))
+                    .map(|((_, n), _)| *n)
+                    .collect();
+                for old in attempts::to_drop(&numbers) {
+                    self.attempts.remove(&(id, old));
+                }
             }
             EventKind::Retried { placement, .. } => {
                 let mut task = self.history.remove(&id).ok_or_else(unknown)?;
@@ -157,6 +179,10 @@ pub fn current(store: &Store) -> Result<Model, CorruptRecord> {
     for (q, _) in store.queues() {
         m.queues.insert(q.clone(), store.queue_ids(&q));
     }
+    for a in store.all_attempts() {
+        let (at, log) = a?;
+        m.attempts.insert(at, log);
+    }
     Ok(m)
 }
 
@@ -174,6 +200,7 @@ pub fn verify(store: &Store) -> Result<Vec<String>, ReplayError> {
     }
     diff_maps("live task", &model.live, &state.live, &mut diffs);
     diff_maps("finished task", &model.history, &state.history, &mut diffs);
+    diff_attempts(&model.attempts, &state.attempts, &mut diffs);
     let names: std::collections::BTreeSet<_> =
         model.queues.keys().chain(state.queues.keys()).collect();
     for q in names {
@@ -187,6 +214,33 @@ pub fn verify(store: &Store) -> Result<Vec<String>, ReplayError> {
         }
     }
     Ok(diffs)
+}
+
+/// Attempt logs are compared whole: every field, and both tails byte for
+/// byte (as stored, compressed or not).
+fn diff_attempts(
+    log: &BTreeMap<(u64, u32), AttemptLog>,
+    state: &BTreeMap<(u64, u32), AttemptLog>,
+    diffs: &mut Vec<String>,
+) {
+    for ((id, n), l) in log {
+        match state.get(&(*id, *n)) {
+            None => diffs.push(format!(
+                "attempt {n} of task {id} is logged in the log but not in the state"
+            )),
+            Some(s) if s != l => diffs.push(format!(
+                "attempt {n} of task {id} differs: log {l:?}, state {s:?}"
+            )),
+            _ => {}
+        }
+    }
+    for (id, n) in state.keys() {
+        if !log.contains_key(&(*id, *n)) {
+            diffs.push(format!(
+                "attempt {n} of task {id} is logged in the state but not in the log"
+            ));
+        }
+    }
 }
 
 fn diff_maps(

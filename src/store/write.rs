@@ -17,11 +17,12 @@
 //! never blocks behind a flush in progress, so concurrent commits share
 //! flushes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::MutexGuard;
 
 use crate::budget::Blob;
 use crate::codec;
+use crate::store::attempts::{self, AttemptLog};
 use crate::store::db::{Inner, Store};
 use crate::store::error::{CorruptRecord, WriteError};
 use crate::store::event::{self, CommitRecord, Event, EventKind, KeyWrite};
@@ -68,6 +69,23 @@ pub struct WriteTxn<'s> {
     first_new_id: u64,
     /// May write into the disk reserve (see `health`).
     reserve: bool,
+    /// The attempt numbers each task this transaction logged or removed
+    /// has logs for, as this transaction sees them.
+    attempt_sets: BTreeMap<u64, BTreeSet<u32>>,
+    /// Attempt-log key writes, by key (the last one for a key wins).
+    attempt_writes: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+}
+
+/// What [`WriteTxn::cancel`] did, and what it waits for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cancellation {
+    /// Every task that ends cancelled: a group's live children first, then
+    /// the task itself.
+    pub ids: Vec<u64>,
+    /// The running ones, not cancelled yet: their handlers must be stopped
+    /// first. When they have returned, they (and then a group parent) are
+    /// cancelled with [`WriteTxn::cancel_one`].
+    pub running: Vec<u64>,
 }
 
 impl<'s> WriteTxn<'s> {
@@ -86,6 +104,8 @@ impl<'s> WriteTxn<'s> {
             next_seq,
             first_new_id: next_id,
             reserve: false,
+            attempt_sets: BTreeMap::new(),
+            attempt_writes: BTreeMap::new(),
         }
     }
 
@@ -197,7 +217,9 @@ impl<'s> WriteTxn<'s> {
         let seq = self.next_seq;
         let at = self.now;
         let id = kind.task_id();
-        if !matches!(kind, EventKind::Enqueued { .. } | EventKind::Removed { .. }) {
+        if matches!(kind, EventKind::AttemptLogged { .. }) {
+            self.slot(id)?;
+        } else if !matches!(kind, EventKind::Enqueued { .. } | EventKind::Removed { .. }) {
             let slot = self.slot(id)?;
             slot.dirty = true;
             let task = slot
@@ -447,7 +469,131 @@ impl<'s> WriteTxn<'s> {
         let slot = self.slot(id)?;
         slot.task = None;
         slot.dirty = true;
+        let logged = std::mem::take(self.attempt_set(id)?);
+        for n in logged {
+            self.attempt_writes
+                .insert(keys::attempt_key(id, n).to_vec(), None);
+        }
         Ok(vec![id])
+    }
+
+    /// The attempt numbers task `id` has logs for, as this transaction sees
+    /// them: the stored ones, with this transaction's puts and deletes.
+    fn attempt_set(&mut self, id: u64) -> Result<&mut BTreeSet<u32>, WriteError> {
+        if !self.attempt_sets.contains_key(&id) {
+            let mut set = self.store.attempt_numbers(id)?;
+            let prefix = keys::attempt_prefix(id);
+            for (k, v) in self.attempt_writes.range(prefix.to_vec()..) {
+                if !k.starts_with(&prefix) {
+                    break;
+                }
+                if let Some((_, n)) = keys::parse_attempt_key(k) {
+                    if v.is_some() {
+                        set.insert(n);
+                    } else {
+                        set.remove(&n);
+                    }
+                }
+            }
+            self.attempt_sets.insert(id, set);
+        }
+        Ok(self.attempt_sets.entry(id).or_default())
+    }
+
+    /// Records how the current attempt of a live task went (`AttemptLogged`):
+    /// its log goes under `o` ‖ id ‖ attempt, and the task's logs beyond the
+    /// last [`attempts::KEEP_ATTEMPTS`] are dropped. The log must be for the
+    /// task's current attempt (`attempts`), so a task's logs are all for
+    /// attempts up to the newest one.
+    pub fn log_attempt(&mut self, id: u64, log: AttemptLog) -> Result<(), WriteError> {
+        let current = self.live(id, "log an attempt of it")?.attempts;
+        let n = log.attempt;
+        if n != current {
+            return Err(WriteError::WrongState {
+                id,
+                state: format!("at attempt {current}, not {n}"),
+                op: "log that attempt",
+            });
+        }
+        let value = codec::encode(&log);
+        self.push_event(EventKind::AttemptLogged {
+            id,
+            log: Box::new(log),
+        })?;
+        self.attempt_writes
+            .insert(keys::attempt_key(id, n).to_vec(), Some(value));
+        // Every log of the task is for an attempt up to `n` (each was logged
+        // at its own attempt, and attempts only grow), so up to attempt
+        // KEEP_ATTEMPTS none can be dropped and the stored ones need not be
+        // read (a range scan costs sled a copy of a leaf).
+        if n as usize <= attempts::KEEP_ATTEMPTS && !self.attempt_sets.contains_key(&id) {
+            return Ok(());
+        }
+        let set = self.attempt_set(id)?;
+        set.insert(n);
+        let drop = attempts::to_drop(set);
+        for old in &drop {
+            set.remove(old);
+        }
+        for old in drop {
+            self.attempt_writes
+                .insert(keys::attempt_key(id, old).to_vec(), None);
+        }
+        Ok(())
+    }
+
+    /// Ends one live task as `cancelled` (`Cancelled`, then
+    /// `MovedToHistory(cancelled)`), whatever its status: the caller has
+    /// made sure nothing runs it any more.
+    pub fn cancel_one(&mut self, id: u64) -> Result<(), WriteError> {
+        self.live(id, "cancel it")?;
+        self.push_event(EventKind::Cancelled { id })?;
+        self.to_history(id, Status::Cancelled)
+    }
+
+    /// Cancels a live task: a task that is not running ends at once; a
+    /// group parent takes its live children with it, and ends at once when
+    /// none of them runs. `running` says which tasks a handler runs now:
+    /// those are only listed (see [`Cancellation`]). A group child cannot
+    /// be cancelled on its own, nor can a finished task. Everything is read
+    /// and checked before anything is written.
+    pub fn cancel(
+        &mut self,
+        id: u64,
+        running: &dyn Fn(u64) -> bool,
+    ) -> Result<Cancellation, WriteError> {
+        let task = self.live(id, "cancel it")?.clone();
+        if let Some(parent) = task.parent
+            && self.exists(parent)
+            && self.is_live(parent)?
+        {
+            return Err(WriteError::WrongState {
+                id,
+                state: format!("part of group {parent}"),
+                op: "cancel it alone (cancel its group instead)",
+            });
+        }
+        let mut ids = Vec::new();
+        for child in task.children.iter().copied() {
+            if self.exists(child) && self.is_live(child)? {
+                ids.push(child);
+            }
+        }
+        let running: Vec<u64> = if task.children.is_empty() {
+            [id].into_iter().filter(|i| running(*i)).collect()
+        } else {
+            ids.iter().copied().filter(|c| running(*c)).collect()
+        };
+        for child in ids.clone() {
+            if !running.contains(&child) {
+                self.cancel_one(child)?;
+            }
+        }
+        if running.is_empty() {
+            self.cancel_one(id)?;
+        }
+        ids.push(id);
+        Ok(Cancellation { ids, running })
     }
 
     /// Number of events staged.
@@ -499,6 +645,12 @@ impl<'s> WriteTxn<'s> {
                     value: Some(codec::encode(task)),
                 });
             }
+        }
+        for (key, value) in &self.attempt_writes {
+            writes.push(KeyWrite {
+                key: key.clone(),
+                value: value.clone(),
+            });
         }
         writes
     }

@@ -1,0 +1,110 @@
+//! `berth task cancel` in the scheduler: a request is handled in a step's
+//! transaction (`WriteTxn::cancel` decides what ends at once); a running
+//! task's handler is asked to stop (its `LiveAttempt`'s cancel signal: a
+//! command handler's process group gets SIGTERM, then SIGKILL after its
+//! grace), and it ends `cancelled` when its attempt returns
+//! (`complete.rs`); a group parent ends once no child is live
+//! (`update_parent`). Each request is answered once its task has left the
+//! live tasks and the step that did it is durable.
+
+use std::collections::BTreeSet;
+
+use crate::engine::scheduler::{CancelReply, CancelRequest, LOG_TARGET, Scheduler};
+use crate::store::{WriteError, WriteTxn};
+
+/// An answer to send once the step's commit is durable.
+pub(super) type Answer = (CancelReply, Result<Vec<u64>, WriteError>);
+
+impl Scheduler {
+    /// Handles one cancel request in the step's transaction. An error (no
+    /// such task, a finished task, a group child alone) is answered at once
+    /// (returned); otherwise the request waits until its task has ended.
+    pub(super) fn request_cancel(
+        &mut self,
+        w: &mut WriteTxn<'_>,
+        req: CancelRequest,
+    ) -> Option<Answer> {
+        let id = req.id;
+        let running: BTreeSet<u64> = self
+            .queues
+            .values()
+            .filter_map(|q| q.running.as_ref().filter(|r| !r.group).map(|r| r.id))
+            .collect();
+        // The queues whose head may end now: their sleep (a backoff, a
+        // delay) was the head's and must not hold the next task.
+        let mut heads = Vec::new();
+        let family = match w.task(id) {
+            Ok(t) => std::iter::once(id).chain(t.children.clone()).collect(),
+            Err(_) => Vec::new(),
+        };
+        for x in family {
+            if let Some(q) = w.queue_of(x)
+                && w.head(&q) == Some(x)
+                && !running.contains(&x)
+            {
+                heads.push(q);
+            }
+        }
+        let (queue, group) = match w.task(id) {
+            Ok(t) => (t.queue.clone(), !t.children.is_empty()),
+            Err(_) => (String::new(), false),
+        };
+        let c = match w.cancel(id, &|x| running.contains(&x)) {
+            Ok(c) => c,
+            Err(e) => return Some((req.reply, Err(e))),
+        };
+        for q in heads {
+            self.head_gone(&q);
+        }
+        if c.running.is_empty() {
+            // Ended at once; a group that held its queue lets it go.
+            self.group_finished(&queue, id);
+            log::info!(target: LOG_TARGET, "task {id} cancelled (it was not running)");
+        } else {
+            for r in &c.running {
+                self.cancels.stopping.insert(*r);
+                if let Some(a) = self.live.get(*r) {
+                    a.cancel();
+                }
+                self.mark_cancelling(*r);
+            }
+            if group {
+                self.cancels.groups.insert(id);
+                self.mark_cancelling(id);
+            }
+            log::info!(
+                target: LOG_TARGET,
+                "task {id}: cancelling; asked {} running handler(s) to stop",
+                c.running.len()
+            );
+        }
+        self.cancels.waiting.push((id, c.ids, req.reply));
+        None
+    }
+
+    /// The queue whose running entry is `id` shows that it is being
+    /// cancelled.
+    fn mark_cancelling(&mut self, id: u64) {
+        for q in self.queues.values_mut() {
+            if let Some(r) = q.running.as_mut().filter(|r| r.id == id) {
+                r.cancel = true;
+            }
+        }
+    }
+
+    /// The requests whose task has ended (as `w` sees it), with their
+    /// answers, to send once `w` is durable.
+    pub(super) fn answered_cancels(&mut self, w: &mut WriteTxn<'_>) -> Vec<Answer> {
+        let mut out = Vec::new();
+        let waiting = std::mem::take(&mut self.cancels.waiting);
+        for (id, ids, reply) in waiting {
+            let live = w.exists(id) && w.is_live(id).unwrap_or(true);
+            if live {
+                self.cancels.waiting.push((id, ids, reply));
+            } else {
+                out.push((reply, Ok(ids)));
+            }
+        }
+        out
+    }
+}
