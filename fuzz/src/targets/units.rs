@@ -1,0 +1,65 @@
+//! Sizes and durations (`berth::units`), as config files and flags give
+//! them.
+//!
+//! Asserts:
+//! - parsing never panics;
+//! - a size that parses is at most u64::MAX / 2, a plain integer parses to
+//!   exactly itself, and the size as berth shows it (`format_size`) parses
+//!   back to within its rounding (0.05 of its unit);
+//! - a duration that parses can be used: added to the clock as a deadline
+//!   or a time of day, and counted in milliseconds in a u64;
+//! - a duration as berth shows it (`format_duration`) parses back to the
+//!   same milliseconds when it has no fraction.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use berth::units::{format_duration, format_size, parse_duration, parse_size};
+
+pub fn units(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    if let Ok(n) = parse_size(text) {
+        assert!(n <= u64::MAX / 2, "{text:?} parsed to {n}");
+        let t = text.trim();
+        if !t.is_empty()
+            && t.bytes().all(|b| b.is_ascii_digit())
+            && let Ok(exact) = t.parse::<u64>()
+        {
+            assert_eq!(n, exact, "{text:?} is a plain number of bytes");
+        }
+        let shown = format_size(n);
+        let back = parse_size(&shown).unwrap_or_else(|e| panic!("{shown:?} ({n}): {e}"));
+        let unit = [1u64 << 30, 1 << 20, 1 << 10]
+            .into_iter()
+            .find(|u| n >= *u)
+            .unwrap_or(1);
+        assert!(
+            back.abs_diff(n) <= unit / 20 + 1,
+            "{text:?} = {n} shows as {shown:?}, which parses as {back}"
+        );
+    }
+    if let Ok(d) = parse_duration(text) {
+        assert!(
+            Instant::now().checked_add(d).is_some(),
+            "{text:?} = {d:?} cannot be a deadline"
+        );
+        assert!(
+            SystemTime::now().checked_add(d).is_some(),
+            "{text:?} = {d:?} cannot be added to the time of day"
+        );
+        assert!(
+            u64::try_from(d.as_millis()).is_ok(),
+            "{text:?} = {d:?} has more milliseconds than a u64 holds"
+        );
+        let shown = format_duration(d);
+        if !shown.contains('.') {
+            let back = parse_duration(&shown).unwrap_or_else(|e| panic!("{shown:?}: {e}"));
+            assert_eq!(
+                back,
+                Duration::from_millis(d.as_millis() as u64),
+                "{text:?} = {d:?} shows as {shown:?}"
+            );
+        }
+    }
+}
