@@ -177,7 +177,10 @@ impl Store {
         }
     }
 
-    fn read_record<T: bincode::Decode<()>>(&self, key: &[u8]) -> Result<Option<T>, ReadError> {
+    fn read_record<T: bincode::Decode<()> + bincode::Encode>(
+        &self,
+        key: &[u8],
+    ) -> Result<Option<T>, ReadError> {
         match self.get_raw(key)? {
             None => Ok(None),
             Some(v) => codec::decode(&v)
@@ -214,7 +217,10 @@ impl Store {
         self.scan(HISTORY)
     }
 
-    fn scan<T: bincode::Decode<()>>(&self, prefix: u8) -> Vec<Result<T, CorruptRecord>> {
+    fn scan<T: bincode::Decode<()> + bincode::Encode>(
+        &self,
+        prefix: u8,
+    ) -> Vec<Result<T, CorruptRecord>> {
         // Pending writes first, so a key the applier writes meanwhile is read
         // with a value at least as new as the one it had when the scan began.
         let mut pending = self.overlay.prefix(prefix).into_iter().peekable();
