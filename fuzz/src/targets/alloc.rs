@@ -30,11 +30,49 @@ fn add(n: isize) {
     });
 }
 
-// SAFETY: every call is passed on to the system allocator unchanged; the
-// counters are plain thread-local cells that never allocate.
+/// Blocks of this size or more are mapped from the kernel, one mapping
+/// each, and unmapped when freed: they come zeroed for free. Opening a sled
+/// database allocates several zeroed megabytes (its page table, its IO
+/// buffers) that malloc would clear with memset once it reuses freed memory
+/// for them, which made that most of the cost of a store_ops input.
+const MAPPED: usize = 1 << 20;
+const PAGE: usize = 4096;
+
+fn mapped(layout: Layout) -> bool {
+    layout.size() >= MAPPED && layout.align() <= PAGE
+}
+
+/// A fresh anonymous mapping: zeroed.
+unsafe fn map(size: usize) -> *mut u8 {
+    // SAFETY: an anonymous private mapping touches no existing memory.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        std::ptr::null_mut()
+    } else {
+        p.cast()
+    }
+}
+
+// SAFETY: small blocks are passed on to the system allocator unchanged and
+// large ones are whole page-aligned mappings of their own, unmapped with
+// the same size; the counters are plain thread-local cells that never
+// allocate.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = unsafe { System.alloc(layout) };
+        let p = if mapped(layout) {
+            unsafe { map(layout.size()) }
+        } else {
+            unsafe { System.alloc(layout) }
+        };
         if !p.is_null() {
             add(layout.size() as isize);
         }
@@ -42,7 +80,11 @@ unsafe impl GlobalAlloc for Counting {
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let p = unsafe { System.alloc_zeroed(layout) };
+        let p = if mapped(layout) {
+            unsafe { map(layout.size()) }
+        } else {
+            unsafe { System.alloc_zeroed(layout) }
+        };
         if !p.is_null() {
             add(layout.size() as isize);
         }
@@ -50,7 +92,12 @@ unsafe impl GlobalAlloc for Counting {
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) };
+        if mapped(layout) {
+            // SAFETY: `ptr` is the start of a mapping of exactly this size.
+            unsafe { libc::munmap(ptr.cast(), layout.size()) };
+        } else {
+            unsafe { System.dealloc(ptr, layout) };
+        }
         add(-(layout.size() as isize));
     }
 }
