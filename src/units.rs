@@ -71,10 +71,21 @@ pub fn format_size(bytes: u64) -> String {
     format!("{bytes} B")
 }
 
-/// Parses a duration such as `5s`, `100ms`, `10m`.
+/// The longest duration berth takes (`100y`, as humantime counts years).
+/// Every duration becomes a deadline (`Instant` + it) or milliseconds in a
+/// u64; a longer one would overflow either.
+pub const MAX_DURATION: Duration = Duration::from_secs(100 * 31_557_600);
+
+/// Parses a duration such as `5s`, `100ms`, `10m`, at most [`MAX_DURATION`].
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text.trim())
-        .map_err(|e| format!("'{text}' is not a duration ({e}; expected e.g. 5s, 100ms, 10m)"))
+    let d = humantime::parse_duration(text.trim())
+        .map_err(|e| format!("'{text}' is not a duration ({e}; expected e.g. 5s, 100ms, 10m)"))?;
+    if d > MAX_DURATION {
+        return Err(format!(
+            "'{text}' is longer than 100 years, the longest duration berth takes"
+        ));
+    }
+    Ok(d)
 }
 
 /// Formats a duration compactly the way statuses show it: `5s`, `21.4s`, `10m`, `250ms`.
