@@ -48,10 +48,20 @@ for t in "${targets[@]}"; do
     mkdir -p "corpus/$t" "artifacts/$t"
     before=$(ls "artifacts/$t" | sort)
     log="target/run-logs/$t.log"
-    dict=()
-    [ -f "dicts/$t.dict" ] && dict=("-dict=dicts/$t.dict")
-    "${fuzz[@]}" run -a -s "$sanitizer" "$t" "corpus/$t" "seeds/$t" -- \
-        -max_total_time="$secs" -timeout=30 -print_final_stats=1 "${dict[@]}" \
+    extra=()
+    [ -f "dicts/$t.dict" ] && extra+=("-dict=dicts/$t.dict")
+    # sled 0.34 leaks a little when a database closes (crossbeam-epoch
+    # garbage of its page cache): leak checks (libFuzzer's after an input,
+    # LeakSanitizer's at the exit) would report sled, not berth.
+    asan="${ASAN_OPTIONS:-}"
+    case "$t" in
+        store_ops | control | batch)
+            extra+=("-detect_leaks=0")
+            asan="detect_leaks=0${asan:+:$asan}"
+            ;;
+    esac
+    ASAN_OPTIONS="$asan" "${fuzz[@]}" run -a -s "$sanitizer" "$t" "corpus/$t" "seeds/$t" -- \
+        -max_total_time="$secs" -timeout=30 -print_final_stats=1 "${extra[@]}" \
         >"$log" 2>&1
     rc=$?
     execs=$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -n 1)

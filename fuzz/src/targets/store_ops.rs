@@ -9,7 +9,7 @@
 //! takes its children), retry a dead letter, several of these in one
 //! transaction that is committed or dropped, batches whose entries of equal
 //! weight become groups, moving the clock, and reopening the data dir (which
-//! recovers tasks left running; at most 4 times an input, as it is slow). Payloads and results come in every size
+//! recovers tasks left running; at most 3 times an input, as it is slow). Payloads and results come in every size
 //! class, so some are stored compressed.
 //!
 //! Asserts, after every operation:
@@ -47,7 +47,7 @@ const MAX_OPS: usize = 64;
 const MAX_TXN_OPS: usize = 8;
 /// Reopening costs most of an input's time (sled's open, the applier's
 /// drain at close): past this many, a `Reopen` does nothing.
-const MAX_REOPENS: usize = 4;
+const MAX_REOPENS: usize = 3;
 const MAX_BATCH: usize = 8;
 const QUEUES: [&str; 3] = ["main", "parallel_queue_0", "q.x-1"];
 const BAD_QUEUE: &str = "bad queue";
