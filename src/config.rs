@@ -267,13 +267,22 @@ impl Config {
             .map(|s| (s.get_ref().as_str(), s.span()))
         {
             None | Some(("sync", _)) => Durability::Sync,
-            Some(("batched", _)) => Durability::Batched {
-                interval: cx.duration(
+            Some(("batched", _)) => {
+                let interval = cx.duration(
                     &raw.flush_interval,
                     "flush_interval",
                     Duration::from_millis(100),
-                )?,
-            },
+                )?;
+                // The flusher waits this long between looks: 0 would spin.
+                if interval.is_zero() {
+                    return Err(cx.err(
+                        spanned(&raw.flush_interval),
+                        "flush_interval",
+                        "flush_interval must be more than 0 (for a flush after every commit, use durability = \"sync\")",
+                    ));
+                }
+                Durability::Batched { interval }
+            }
             Some((other, span)) => {
                 return Err(cx.err(
                     Some(span),
