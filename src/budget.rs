@@ -315,14 +315,16 @@ fn gzip_level(raw: &[u8], level: Compression) -> Vec<u8> {
 }
 
 /// Inflates gzip bytes, refusing to produce more than `limit` bytes. The
-/// output grows by doubling but never past `limit`, so the peak memory is
-/// below `1.5 * limit` plus a 64 KiB buffer.
+/// output grows by doubling but never past `limit`, and never to more than
+/// half of it except to `limit` itself, so that a move from one buffer to
+/// the next holds at most `1.5 * limit`: the peak memory is below that plus
+/// a 64 KiB buffer (and the decoder's state).
 pub fn gunzip_capped(
     what: &'static str,
     compressed: &[u8],
     limit: usize,
 ) -> Result<Vec<u8>, BudgetError> {
-    let mut out: Vec<u8> = Vec::with_capacity(compressed.len().saturating_mul(4).min(limit));
+    let mut out: Vec<u8> = Vec::with_capacity(compressed.len().saturating_mul(4).min(limit / 2));
     let mut reader = GzDecoder::new(compressed);
     let mut buf = vec![0u8; 64 * 1024];
     loop {
@@ -342,7 +344,10 @@ pub fn gunzip_capped(
             return Err(BudgetError::Bomb { what, limit });
         }
         if needed > out.capacity() {
-            let want = (out.capacity() * 2).max(needed).min(limit);
+            let mut want = (out.capacity() * 2).max(needed);
+            if want > limit / 2 {
+                want = limit;
+            }
             out.reserve_exact(want - out.len());
         }
         out.extend_from_slice(&buf[..n]);

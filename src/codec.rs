@@ -4,7 +4,9 @@
 //! A record is `[format version: u8][bincode 2 body][CRC32 of version+body: u32 LE]`.
 //! Decoding checks length, checksum and version before the body is looked at,
 //! and decodes the body with an allocation limit scaled to the input, so no
-//! input (truncated, bit-flipped, crafted) can panic or exhaust memory.
+//! input (truncated, bit-flipped, crafted) can panic or exhaust memory. A
+//! body that decodes must be the canonical encoding of its value, so every
+//! record that decodes re-encodes to the same bytes.
 //! bincode is pinned to 2.x (3.0 is an empty release); moving to another body
 //! encoding means a new version byte, and old records stay readable.
 
@@ -33,6 +35,10 @@ pub enum CodecError {
     Body(String),
     #[error("record body has {0} trailing bytes")]
     Trailing(usize),
+    #[error(
+        "record body is not in canonical form (it decodes, but not from the bytes berth writes)"
+    )]
+    NonCanonical,
 }
 
 fn base() -> config::Configuration {
@@ -75,12 +81,37 @@ fn unframe(bytes: &[u8]) -> Result<&[u8], CodecError> {
     Ok(&framed[1..])
 }
 
-fn decode_limited<T: Decode<()>, const LIMIT: usize>(body: &[u8]) -> Result<T, CodecError> {
+/// A bincode writer that compares what it is given with a record's body
+/// instead of keeping it.
+struct SameAs<'a>(&'a [u8]);
+
+impl bincode::enc::write::Writer for SameAs<'_> {
+    fn write(&mut self, bytes: &[u8]) -> Result<(), bincode::error::EncodeError> {
+        match self.0.strip_prefix(bytes) {
+            Some(rest) => {
+                self.0 = rest;
+                Ok(())
+            }
+            None => Err(bincode::error::EncodeError::Other("differs")),
+        }
+    }
+}
+
+fn decode_limited<T: Decode<()> + Encode, const LIMIT: usize>(
+    body: &[u8],
+) -> Result<T, CodecError> {
     let cfg = base().with_limit::<LIMIT>();
     let (value, used) =
         bincode::decode_from_slice(body, cfg).map_err(|e| CodecError::Body(e.to_string()))?;
     if used != body.len() {
         return Err(CodecError::Trailing(body.len() - used));
+    }
+    // bincode also reads integers written in more bytes than they need (a
+    // varint 5 as `251, 5, 0`). Only the canonical form is a record: every
+    // value has exactly one, so a record re-encodes to its own bytes.
+    let mut same = SameAs(body);
+    if bincode::encode_into_writer(&value, &mut same, base()).is_err() || !same.0.is_empty() {
+        return Err(CodecError::NonCanonical);
     }
     Ok(value)
 }
@@ -88,7 +119,8 @@ fn decode_limited<T: Decode<()>, const LIMIT: usize>(body: &[u8]) -> Result<T, C
 /// Decodes a record. Allocation while decoding is capped at about 32 times
 /// the input's size (strings and byte vectors can claim no more than the
 /// bytes that carry them; the factor covers small integers in vectors).
-pub fn decode<T: Decode<()>>(bytes: &[u8]) -> Result<T, CodecError> {
+/// Only the canonical encoding of a value decodes (what [`encode`] writes).
+pub fn decode<T: Decode<()> + Encode>(bytes: &[u8]) -> Result<T, CodecError> {
     let body = unframe(bytes)?;
     match body.len() {
         0..=2_048 => decode_limited::<T, { 64 << 10 }>(body),

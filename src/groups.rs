@@ -59,10 +59,13 @@ fn parent_name<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
     format!("Parallel run for {list}")
 }
 
-/// `Parallel<Kind>` when the children share a kind, `ParallelRun` otherwise.
+/// `Parallel<Kind>` when the children share a kind and that fits the
+/// 64-character limit on kinds, `ParallelRun` otherwise.
 pub fn parent_kind(children: &[TaskSpec]) -> String {
     match children.first() {
-        Some(f) if children.iter().all(|c| c.kind == f.kind) => format!("Parallel{}", f.kind),
+        Some(f) if children.iter().all(|c| c.kind == f.kind) && f.kind.len() <= 64 - 8 => {
+            format!("Parallel{}", f.kind)
+        }
         _ => "ParallelRun".to_string(),
     }
 }

@@ -23,9 +23,14 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let unit = unit.trim().to_ascii_lowercase();
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("'{text}' is not a size (expected e.g. 100KiB, 1.5MiB, 4096)"))?;
+    // A whole number exactly: an f64 holds integers only up to 2^53.
+    let whole = num.parse::<u64>().ok();
+    let value: f64 = match whole {
+        Some(n) => n as f64,
+        None => num
+            .parse()
+            .map_err(|_| format!("'{text}' is not a size (expected e.g. 100KiB, 1.5MiB, 4096)"))?,
+    };
     let mult = if unit.is_empty() {
         1
     } else {
@@ -37,9 +42,17 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
                 format!("'{text}' has an unknown unit '{unit}' (use B, KiB, MiB, GiB, KB, MB, GB)")
             })?
     };
+    let too_large = || format!("'{text}' is too large");
+    if let Some(n) = whole {
+        return n
+            .checked_mul(mult)
+            .filter(|b| *b <= u64::MAX / 2)
+            .ok_or_else(too_large);
+    }
     let bytes = value * mult as f64;
-    if !bytes.is_finite() || bytes > u64::MAX as f64 / 2.0 {
-        return Err(format!("'{text}' is too large"));
+    // Below 2^63, so that the rounded value is at most u64::MAX / 2.
+    if !bytes.is_finite() || bytes >= (1u64 << 63) as f64 {
+        return Err(too_large());
     }
     Ok(bytes.round() as u64)
 }
@@ -58,10 +71,21 @@ pub fn format_size(bytes: u64) -> String {
     format!("{bytes} B")
 }
 
-/// Parses a duration such as `5s`, `100ms`, `10m`.
+/// The longest duration berth takes (`100y`, as humantime counts years).
+/// Every duration becomes a deadline (`Instant` + it) or milliseconds in a
+/// u64; a longer one would overflow either.
+pub const MAX_DURATION: Duration = Duration::from_secs(100 * 31_557_600);
+
+/// Parses a duration such as `5s`, `100ms`, `10m`, at most [`MAX_DURATION`].
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text.trim())
-        .map_err(|e| format!("'{text}' is not a duration ({e}; expected e.g. 5s, 100ms, 10m)"))
+    let d = humantime::parse_duration(text.trim())
+        .map_err(|e| format!("'{text}' is not a duration ({e}; expected e.g. 5s, 100ms, 10m)"))?;
+    if d > MAX_DURATION {
+        return Err(format!(
+            "'{text}' is longer than 100 years, the longest duration berth takes"
+        ));
+    }
+    Ok(d)
 }
 
 /// Formats a duration compactly the way statuses show it: `5s`, `21.4s`, `10m`, `250ms`.

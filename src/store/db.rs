@@ -275,7 +275,10 @@ impl Store {
         }
     }
 
-    fn read_record<T: bincode::Decode<()>>(&self, key: &[u8]) -> Result<Option<T>, ReadError> {
+    fn read_record<T: bincode::Decode<()> + bincode::Encode>(
+        &self,
+        key: &[u8],
+    ) -> Result<Option<T>, ReadError> {
         match self.get_raw(key)? {
             None => Ok(None),
             Some(v) => codec::decode(&v)
@@ -312,7 +315,10 @@ impl Store {
         self.scan(HISTORY)
     }
 
-    fn scan<T: bincode::Decode<()>>(&self, prefix: u8) -> Vec<Result<T, CorruptRecord>> {
+    fn scan<T: bincode::Decode<()> + bincode::Encode>(
+        &self,
+        prefix: u8,
+    ) -> Vec<Result<T, CorruptRecord>> {
         self.scan_keyed(&[prefix])
             .into_iter()
             .map(|(_, v)| v)
@@ -321,7 +327,7 @@ impl Store {
 
     /// Every record whose key starts with `prefix`, with its key, in key
     /// order; corrupt ones as errors.
-    fn scan_keyed<T: bincode::Decode<()>>(
+    fn scan_keyed<T: bincode::Decode<()> + bincode::Encode>(
         &self,
         prefix: &[u8],
     ) -> Vec<(Vec<u8>, Result<T, CorruptRecord>)> {

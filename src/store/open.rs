@@ -175,7 +175,7 @@ fn open_sled(dir: &Path, db: &Path, opts: &Options) -> Result<sled::Db, OpenErro
         dir: dir.to_path_buf(),
         detail,
     };
-    match panics::catch(|| config.open()) {
+    match panics::catch(|| open_config(&config)) {
         Ok(Ok(tree)) => Ok(tree),
         Ok(Err(sled::Error::Io(source))) if source.raw_os_error() == Some(libc::ENOSPC) => {
             Err(OpenError::NoSpace {
@@ -191,6 +191,30 @@ fn open_sled(dir: &Path, db: &Path, opts: &Options) -> Result<sled::Db, OpenErro
             source,
         }),
         Err(panic) => Err(damaged(format!("sled panicked while reading it: {panic}"))),
+    }
+}
+
+/// How long opening waits for sled's own lock on `db/db`.
+const SLED_LOCK_WAIT: Duration = Duration::from_secs(2);
+
+/// Opens sled, waiting while its lock on `db/db` is still held. sled 0.34
+/// drops a `Db` before its IO threads have closed the file, so opening the
+/// same data dir again in the same process (a library user, or a test, that
+/// closes and reopens a store) can find the lock taken for a moment (sled
+/// issue 1289). The caller holds the data dir's lock, so no other berth
+/// holds sled's: it is ours, on its way out.
+fn open_config(config: &sled::Config) -> sled::Result<sled::Db> {
+    let started = Instant::now();
+    loop {
+        match config.open() {
+            Err(sled::Error::Io(e))
+                if e.to_string().starts_with("could not acquire lock on")
+                    && started.elapsed() < SLED_LOCK_WAIT =>
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            other => return other,
+        }
     }
 }
 

@@ -50,17 +50,25 @@ pub enum ReplayError {
         anchor: u64,
         queue: String,
     },
+    #[error("event {seq} ({kind}) adds task {id}, which the log already has")]
+    Duplicate {
+        seq: u64,
+        kind: &'static str,
+        id: u64,
+    },
+    #[error("event {seq} places task {id}, which is already in queue '{queue}'")]
+    AlreadyQueued { seq: u64, id: u64, queue: String },
 }
 
-fn place(queue: &mut Vec<u64>, id: u64, p: Placement) -> Result<(), u64> {
-    let at = match p {
-        Placement::Last => queue.len(),
+/// Where a placement puts a task in `queue`, or the anchor it lacks.
+fn position(queue: Option<&Vec<u64>>, p: Placement) -> Result<usize, u64> {
+    let find = |a: u64| queue.and_then(|q| q.iter().position(|x| *x == a)).ok_or(a);
+    Ok(match p {
+        Placement::Last => queue.map_or(0, Vec::len),
         Placement::First => 0,
-        Placement::After(a) => queue.iter().position(|x| *x == a).ok_or(a)? + 1,
-        Placement::Before(b) => queue.iter().position(|x| *x == b).ok_or(b)?,
-    };
-    queue.insert(at, id);
-    Ok(())
+        Placement::After(a) => find(a)? + 1,
+        Placement::Before(b) => find(b)?,
+    })
 }
 
 impl Model {
@@ -71,15 +79,30 @@ impl Model {
         });
     }
 
-    /// Applies one event.
+    fn insert(&mut self, queue: &str, id: u64, at: usize) {
+        self.queues
+            .entry(queue.to_string())
+            .or_default()
+            .insert(at, id);
+    }
+
+    /// Applies one event. An event the model refuses leaves it as it was,
+    /// and one it takes leaves it consistent: no task both live and
+    /// finished, every queued task live and in one position of its queue.
     pub fn apply(&mut self, ev: &Event) -> Result<(), ReplayError> {
-        if self.last_seq != 0 && ev.seq != self.last_seq + 1 {
+        if self.last_seq != 0 && self.last_seq.checked_add(1) != Some(ev.seq) {
             return Err(ReplayError::Gap {
                 previous: self.last_seq,
                 found: ev.seq,
             });
         }
+        self.apply_kind(ev)?;
         self.last_seq = ev.seq;
+        Ok(())
+    }
+
+    /// Checks everything before it changes anything.
+    fn apply_kind(&mut self, ev: &Event) -> Result<(), ReplayError> {
         let id = ev.kind.task_id();
         let unknown = || ReplayError::UnknownTask {
             seq: ev.seq,
@@ -94,19 +117,39 @@ impl Model {
         };
         match &ev.kind {
             EventKind::Enqueued { task, placement } => {
+                if self.live.contains_key(&id) || self.history.contains_key(&id) {
+                    return Err(ReplayError::Duplicate {
+                        seq: ev.seq,
+                        kind: ev.kind.name(),
+                        id,
+                    });
+                }
                 if let Some(p) = placement {
-                    let q = self.queues.entry(task.queue.clone()).or_default();
-                    place(q, id, *p).map_err(|a| bad_anchor(&task.queue, a))?;
+                    let at = position(self.queues.get(&task.queue), *p)
+                        .map_err(|a| bad_anchor(&task.queue, a))?;
+                    self.insert(&task.queue, id, at);
                 }
                 self.live.insert(id, (**task).clone());
             }
             EventKind::Placed {
                 queue, placement, ..
             } => {
-                let task = self.live.get_mut(&id).ok_or_else(unknown)?;
-                event::apply(task, ev.at, &ev.kind);
-                let q = self.queues.entry(queue.clone()).or_default();
-                place(q, id, *placement).map_err(|a| bad_anchor(queue, a))?;
+                if !self.live.contains_key(&id) {
+                    return Err(unknown());
+                }
+                if let Some((q, _)) = self.queues.iter().find(|(_, ids)| ids.contains(&id)) {
+                    return Err(ReplayError::AlreadyQueued {
+                        seq: ev.seq,
+                        id,
+                        queue: q.clone(),
+                    });
+                }
+                let at = position(self.queues.get(queue), *placement)
+                    .map_err(|a| bad_anchor(queue, a))?;
+                if let Some(task) = self.live.get_mut(&id) {
+                    event::apply(task, ev.at, &ev.kind);
+                }
+                self.insert(queue, id, at);
             }
             EventKind::Removed { .. } => {
                 if self.live.remove(&id).is_none() && self.history.remove(&id).is_none() {
@@ -130,10 +173,14 @@ impl Model {
                 }
             }
             EventKind::Retried { placement, .. } => {
-                let mut task = self.history.remove(&id).ok_or_else(unknown)?;
+                let queue = &self.history.get(&id).ok_or_else(unknown)?.queue;
+                let at = position(self.queues.get(queue), *placement)
+                    .map_err(|a| bad_anchor(queue, a))?;
+                let Some(mut task) = self.history.remove(&id) else {
+                    return Err(unknown());
+                };
                 event::apply(&mut task, ev.at, &ev.kind);
-                let q = self.queues.entry(task.queue.clone()).or_default();
-                place(q, id, *placement).map_err(|a| bad_anchor(&task.queue, a))?;
+                self.insert(&task.queue, id, at);
                 self.live.insert(id, task);
             }
             EventKind::MovedToHistory { .. } => {
