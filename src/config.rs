@@ -404,6 +404,7 @@ impl Ctx<'_> {
             backoff,
             grace: self.duration(&raw.grace, "grace", e.grace)?,
             node: raw.node.as_ref().map(|s| s.get_ref().clone()),
+            tags: raw.tags.iter().map(|t| t.get_ref().clone()).collect(),
             ..e
         };
         if let Err(m) = engine.validate() {

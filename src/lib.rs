@@ -14,6 +14,7 @@ pub mod groups;
 pub mod ops;
 pub mod queues;
 pub mod report;
+pub mod routing;
 pub mod store;
 pub mod submit;
 pub mod task;

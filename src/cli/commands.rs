@@ -93,8 +93,8 @@ fn enqueue(s: &Session, a: EnqueueArgs) -> Result<(), CliError> {
         weight: a.weight,
         payload,
         tags: a.tag,
-        target: a.target,
-        compaction_key: None,
+        target: (!a.target.is_empty()).then(|| a.target.join(",")),
+        compaction_key: a.compaction_key,
     };
     // Check the spec (and its payload against the budget) before anything
     // is sent or opened: a refused enqueue changes nothing, with a daemon or
@@ -193,6 +193,7 @@ fn task_list(s: &Session, a: ListArgs) -> Result<(), CliError> {
         since_ms: time("since", &a.since)?,
         until_ms: time("until", &a.until)?,
         name: a.name,
+        targets: a.target,
     };
     filter.validate()?;
     let v = s.run(Request::TaskList { filter })?;

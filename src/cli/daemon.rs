@@ -70,9 +70,10 @@ fn start_engine(config: &Config) -> Result<Engine, CliError> {
         handlers.register(kind.clone(), h.clone());
     }
     let engine = Engine::new(store, handlers, config.engine.clone()).map_err(CliError::input)?;
-    engine
-        .store()
+    let store = engine.store();
+    store
         .set_parallel_queues(config.engine.parallel_queues)
+        .and_then(|()| store.set_node(&config.engine.routing()))
         .map_err(|e| CliError::runtime(format!("{}: {e}", config.data_dir.display())))?;
     Ok(engine)
 }

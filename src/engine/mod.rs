@@ -47,8 +47,11 @@ pub struct EngineConfig {
     pub keep_delay: Duration,
     /// How long a stop waits for running handlers.
     pub grace: Duration,
-    /// This node's name, handed to handlers.
+    /// This node's name, handed to handlers; with `tags`, it decides which
+    /// tasks run here (see `routing`).
     pub node: Option<String>,
+    /// This node's tags: a task runs here only if all of its tags are.
+    pub tags: Vec<String>,
 }
 
 impl Default for EngineConfig {
@@ -60,6 +63,7 @@ impl Default for EngineConfig {
             keep_delay: Duration::from_secs(5),
             grace: Duration::from_secs(30),
             node: None,
+            tags: Vec::new(),
         }
     }
 }
@@ -76,6 +80,14 @@ impl EngineConfig {
             return Err("retry.initial must not be larger than retry.max".into());
         }
         Ok(())
+    }
+
+    /// This node as routing sees it.
+    pub fn routing(&self) -> crate::routing::Node {
+        crate::routing::Node {
+            name: self.node.clone(),
+            tags: self.tags.clone(),
+        }
     }
 
     pub fn worker_count(&self) -> usize {
@@ -153,6 +165,7 @@ impl Engine {
         let pool = Pool::new(config.worker_count(), "berth-worker")
             .map_err(|e| format!("starting {} worker threads: {e}", config.worker_count()))?;
         let (tx, rx) = crossbeam_channel::unbounded();
+        let sched = Scheduler::for_node(config.routing());
         Ok(Engine {
             store,
             handlers: Arc::new(handlers),
@@ -161,7 +174,7 @@ impl Engine {
             tx,
             rx,
             stop: Arc::new(AtomicBool::new(false)),
-            sched: Mutex::new(Scheduler::new()),
+            sched: Mutex::new(sched),
             recovery_noted: AtomicBool::new(false),
             view: Mutex::new(View::default()),
         })
@@ -335,8 +348,13 @@ impl Engine {
             if stopping && sched.in_flight() == 0 {
                 break;
             }
-            let queued = self.store.queued_total();
+            // Tasks for other nodes wait for their node: not for this one.
+            let elsewhere = self.store.placed_among(sched.elsewhere());
+            let queued = self.store.queued_total().saturating_sub(elsewhere);
             if until_idle && sched.in_flight() == 0 && queued == 0 {
+                if elsewhere > 0 {
+                    log::info!("idle; {elsewhere} task(s) for other nodes are left waiting");
+                }
                 break;
             }
             let now = self.store.clock().now_ms();

@@ -406,9 +406,39 @@ impl Store {
         self.lock_inner().order.queue_of(id).map(str::to_string)
     }
 
+    /// The node of the last daemon that ran on this data dir (see
+    /// [`Store::set_node`]), if one said.
+    pub fn node(&self) -> Result<Option<crate::routing::Node>, ReadError> {
+        self.read_record(keys::META_NODE)
+    }
+
+    /// Records this daemon's node (name and tags), made durable now, so
+    /// that commands without a daemon can say which tasks are not for it.
+    pub fn set_node(&self, node: &crate::routing::Node) -> Result<(), WriteError> {
+        if self.node().ok().flatten().as_ref() == Some(node) {
+            return Ok(());
+        }
+        if let Some(why) = self.failure() {
+            return Err(WriteError::Failed(why));
+        }
+        if let Err(e) = self.tree.insert(keys::META_NODE, codec::encode(node)) {
+            self.failed.fail(&self.tree, &e);
+            return Err(e.into());
+        }
+        self.flush_now().map_err(WriteError::Flush)
+    }
+
     /// Tasks placed in queues, in all.
     pub fn queued_total(&self) -> usize {
         self.lock_inner().order.total()
+    }
+
+    /// How many of `ids` are placed in queues (read under one lock).
+    pub fn placed_among<'a>(&self, ids: impl IntoIterator<Item = &'a u64>) -> usize {
+        let inner = self.lock_inner();
+        ids.into_iter()
+            .filter(|id| inner.order.queue_of(**id).is_some())
+            .count()
     }
 }
 

@@ -29,6 +29,10 @@ pub const META_APPLIED: &[u8] = b"mapplied";
 /// read without a daemon lists the same queues).
 pub const META_PARALLEL: &[u8] = b"mparallel";
 
+/// The node (name and tags) of the last daemon that ran on the data dir,
+/// so that a data dir read without a daemon says which tasks are not for it.
+pub const META_NODE: &[u8] = b"mnode";
+
 /// The on-disk layout version (the key layout above; the record framing has its own byte).
 pub const STORE_FORMAT: u64 = 2;
 /// The format before deferred apply (no `mapplied`; only the last record may

@@ -178,6 +178,11 @@ impl<'s> WriteTxn<'s> {
         self.inner().order.queue_of(id).map(str::to_string)
     }
 
+    /// The task right behind `id` in its queue, as this transaction sees it.
+    pub fn next_in_queue(&mut self, id: u64) -> Option<u64> {
+        self.inner().order.next_after(id)
+    }
+
     /// The length of a queue, as this transaction sees it.
     pub fn queue_len(&mut self, queue: &str) -> usize {
         self.inner().order.len(queue)
