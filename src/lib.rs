@@ -7,6 +7,7 @@ pub mod backoff;
 pub mod budget;
 pub mod clock;
 pub mod codec;
+pub mod compaction;
 pub mod config;
 pub mod control;
 pub mod engine;

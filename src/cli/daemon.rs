@@ -31,9 +31,7 @@ pub fn run(a: RunArgs, s: &Session) -> Result<(), CliError> {
     let batch = a.enqueue.as_deref().map(read_batch).transpose()?;
     let engine = start_engine(&config)?;
     if let Some((f, specs)) = batch {
-        let ids = ops::enqueue_batch(&Ctx::daemon(&engine, &engine.kinds()), specs)
-            .map_err(|e| e.context(&format!("batch file {}: ", f.display())))?;
-        log::info!("enqueued {} task(s) from {}", ids.len(), f.display());
+        enqueue_at_start(&engine, &f, specs)?;
     }
     install_signals(&engine)?;
     log::info!(
@@ -45,6 +43,38 @@ pub fn run(a: RunArgs, s: &Session) -> Result<(), CliError> {
     );
     let summary = serve_and_run(&engine, &config.data_dir, a.until_idle)?;
     finish(summary, a.until_idle)
+}
+
+/// `--enqueue FILE`: the batch, all or nothing; entries with a compaction
+/// key whose task still waits from an earlier start merge into it (see
+/// `compaction`), so a restart adds nothing that already waits.
+fn enqueue_at_start(engine: &Engine, f: &Path, specs: Vec<TaskSpec>) -> Result<(), CliError> {
+    let merged = || {
+        let c = engine.store().counting();
+        c.counts
+            .values()
+            .map(|k| {
+                k.values
+                    .get(berth::store::counters::MERGED)
+                    .copied()
+                    .unwrap_or(0)
+            })
+            .sum::<u64>()
+    };
+    let (n, before) = (specs.len(), merged());
+    let ids = ops::enqueue_batch(&Ctx::daemon(engine, &engine.kinds()), specs)
+        .map_err(|e| e.context(&format!("batch file {}: ", f.display())))?;
+    let m = merged().saturating_sub(before);
+    log::info!(
+        "{}: {} entries, {} merged into tasks that were waiting (same compaction key), {} new in \
+         {} queue position(s)",
+        f.display(),
+        n,
+        m,
+        n as u64 - m.min(n as u64),
+        ids.len()
+    );
+    Ok(())
 }
 
 fn read_batch(f: &Path) -> Result<(PathBuf, Vec<TaskSpec>), CliError> {

@@ -10,6 +10,7 @@ use std::time::Duration;
 use crate::budget::Budget;
 use crate::clock::SharedClock;
 use crate::codec;
+use crate::store::counters::Counting;
 use crate::store::durability::{Durability, GroupCommit};
 use crate::store::error::WriteError;
 use crate::store::error::{CorruptRecord, ReadError};
@@ -72,6 +73,8 @@ pub(crate) struct Inner {
     pub order: Order,
     pub next_id: u64,
     pub next_seq: u64,
+    /// Every kind's counters as of the last commit (see `counters`).
+    pub counting: Counting,
 }
 
 pub struct Store {
@@ -256,6 +259,10 @@ impl Store {
     /// Tasks that recovery put back to wait at open.
     pub fn recovered(&self) -> &[u64] {
         &self.recovered
+    }
+    /// Every kind's counters and where counting began (see `counters`).
+    pub fn counting(&self) -> Counting {
+        self.lock_inner().counting.clone()
     }
     /// Flushes done so far (group commit makes this far fewer than commits).
     pub fn flush_count(&self) -> u64 {

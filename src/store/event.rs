@@ -91,6 +91,23 @@ pub enum EventKind {
         id: u64,
         placement: Placement,
     },
+    // 10, 11 and 12 are taken by work in progress (`AttemptLogged`,
+    // `Cancelled`, `Expired`). These placeholders keep `Merged` at 13 until
+    // those land in their place; nothing writes them, and a log that holds
+    // one does not replay.
+    #[doc(hidden)]
+    Reserved10,
+    #[doc(hidden)]
+    Reserved11,
+    #[doc(hidden)]
+    Reserved12,
+    /// An enqueue with the task's compaction key was merged into it while it
+    /// waited: the task takes the newer payload and keeps everything else
+    /// (its id, its place, its counts). See `compaction`.
+    Merged {
+        id: u64,
+        payload: Blob,
+    },
 }
 
 impl EventKind {
@@ -106,14 +123,20 @@ impl EventKind {
             | EventKind::GroupUpdated { id, .. }
             | EventKind::Removed { id }
             | EventKind::Retried { id, .. }
+            | EventKind::Merged { id, .. }
             | EventKind::MovedToHistory { id, .. } => *id,
+            EventKind::Reserved10 | EventKind::Reserved11 | EventKind::Reserved12 => 0,
         }
     }
 
     /// New work, which the disk-space guard refuses while space is short
-    /// (see `health`): a task added or a dead letter put back.
+    /// (see `health`): a task added, a dead letter put back, an enqueue
+    /// merged into a waiting task.
     pub fn is_new_work(&self) -> bool {
-        matches!(self, EventKind::Enqueued { .. } | EventKind::Retried { .. })
+        matches!(
+            self,
+            EventKind::Enqueued { .. } | EventKind::Retried { .. } | EventKind::Merged { .. }
+        )
     }
 
     pub fn name(&self) -> &'static str {
@@ -128,6 +151,8 @@ impl EventKind {
             EventKind::Removed { .. } => "removed",
             EventKind::Retried { .. } => "retried",
             EventKind::MovedToHistory { .. } => "moved-to-history",
+            EventKind::Merged { .. } => "merged",
+            EventKind::Reserved10 | EventKind::Reserved11 | EventKind::Reserved12 => "reserved",
         }
     }
 }
@@ -136,7 +161,12 @@ impl EventKind {
 /// `Enqueued` and `Removed` create and delete tasks and are handled by the caller.
 pub fn apply(task: &mut Task, at: u64, kind: &EventKind) {
     match kind {
-        EventKind::Enqueued { .. } | EventKind::Removed { .. } => {}
+        EventKind::Enqueued { .. }
+        | EventKind::Removed { .. }
+        | EventKind::Reserved10
+        | EventKind::Reserved11
+        | EventKind::Reserved12 => {}
+        EventKind::Merged { payload, .. } => task.payload = payload.clone(),
         EventKind::Placed { queue, .. } => task.queue = queue.clone(),
         EventKind::Started { .. } => {
             task.status = Status::Running;

@@ -10,6 +10,7 @@
 //! | `h` id:u64                            | finished task         |
 //! | `e` seq:u64                           | commit record         |
 //! | `q` queue-name 0x00 position:i64(*)   | task id:u64           |
+//! | `c` kind                              | that kind's counters  |
 //!
 //! (*) positions are stored with the sign bit flipped so that negative
 //! positions sort before positive ones.
@@ -19,11 +20,15 @@ pub const TASK: u8 = b't';
 pub const HISTORY: u8 = b'h';
 pub const EVENT: u8 = b'e';
 pub const QUEUE: u8 = b'q';
+/// Counters per task kind (see `counters`).
+pub const COUNTER: u8 = b'c';
 
 pub const META_FORMAT: &[u8] = b"mformat";
 /// The key (first event number) of a commit record up to which every record's
 /// key writes are in the tree; open re-applies the records after it.
 pub const META_APPLIED: &[u8] = b"mapplied";
+/// The event where counting began (see `counters`).
+pub const META_COUNTED: &[u8] = b"mcounted";
 
 /// The number of parallel queues the last daemon ran (so that a data dir
 /// read without a daemon lists the same queues).
@@ -54,6 +59,14 @@ pub fn parse_id_key(key: &[u8]) -> Option<u64> {
     let mut b = [0u8; 8];
     b.copy_from_slice(&key[1..]);
     Some(u64::from_be_bytes(b))
+}
+
+/// The key of a kind's counters.
+pub fn counter_key(kind: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(kind.len() + 1);
+    k.push(COUNTER);
+    k.extend_from_slice(kind.as_bytes());
+    k
 }
 
 fn pos_bytes(pos: i64) -> [u8; 8] {

@@ -2,6 +2,7 @@
 //! write transactions that append to the event log in the same batch.
 //! It knows nothing of handlers or the engine.
 
+pub mod counters;
 mod db;
 pub mod durability;
 mod error;

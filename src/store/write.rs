@@ -22,6 +22,7 @@ use std::sync::MutexGuard;
 
 use crate::budget::Blob;
 use crate::codec;
+use crate::store::counters::{self, KindCounts};
 use crate::store::db::{Inner, Store};
 use crate::store::error::{CorruptRecord, WriteError};
 use crate::store::event::{self, CommitRecord, Event, EventKind, KeyWrite};
@@ -68,6 +69,9 @@ pub struct WriteTxn<'s> {
     first_new_id: u64,
     /// May write into the disk reserve (see `health`).
     reserve: bool,
+    /// The counts of the kinds this transaction's events touched (see
+    /// `counters`), written with it.
+    counts: BTreeMap<String, KindCounts>,
 }
 
 impl<'s> WriteTxn<'s> {
@@ -86,6 +90,7 @@ impl<'s> WriteTxn<'s> {
             next_seq,
             first_new_id: next_id,
             reserve: false,
+            counts: BTreeMap::new(),
         }
     }
 
@@ -202,6 +207,23 @@ impl<'s> WriteTxn<'s> {
         let seq = self.next_seq;
         let at = self.now;
         let id = kind.task_id();
+        let (task_kind, ticks) = match &kind {
+            EventKind::Enqueued { task, .. } => {
+                (task.kind.clone(), counters::ticks(task, at, &kind))
+            }
+            _ => {
+                let task = self.slot(id)?.task.as_ref().expect("present");
+                (task.kind.clone(), counters::ticks(task, at, &kind))
+            }
+        };
+        if !ticks.is_empty() {
+            if !self.counts.contains_key(&task_kind) {
+                let c = self.inner().counting.counts.get(&task_kind).cloned();
+                self.counts.insert(task_kind.clone(), c.unwrap_or_default());
+            }
+            let c = self.counts.get_mut(&task_kind).expect("inserted above");
+            counters::apply(c, ticks);
+        }
         if !matches!(kind, EventKind::Enqueued { .. } | EventKind::Removed { .. }) {
             let slot = self.slot(id)?;
             slot.dirty = true;
@@ -340,6 +362,42 @@ impl<'s> WriteTxn<'s> {
             message,
             delay_ms,
         })
+    }
+
+    /// Merges an enqueue into a waiting task (compaction, see `compaction`):
+    /// the task takes `payload` and keeps everything else. The task must be
+    /// live and queued (not running), and still fit the size budget.
+    pub fn merge(&mut self, id: u64, payload: Blob) -> Result<(), WriteError> {
+        self.expect_status(id, Status::Queued, "merge into it")?;
+        let mut merged = self.task(id)?.clone();
+        merged.payload = payload;
+        let size = codec::encode(&merged).len();
+        let budget = self.store.budget().max_object;
+        if size > budget {
+            return Err(WriteError::Budget(crate::budget::BudgetError::TooLarge {
+                what: "record",
+                size,
+                compressed: merged.payload.compressed,
+                budget,
+            }));
+        }
+        self.push_event(EventKind::Merged {
+            id,
+            payload: merged.payload,
+        })
+    }
+
+    /// A copy of the task as this transaction sees it, read without keeping
+    /// it in the transaction (for scans over many tasks); `None` if it does
+    /// not exist.
+    pub fn peek(&mut self, id: u64) -> Result<Option<Task>, WriteError> {
+        if let Some(slot) = self.slots.get(&id) {
+            return Ok(slot.task.clone());
+        }
+        match self.read(TASK, id)? {
+            Some(t) => Ok(Some(t)),
+            None => self.read(HISTORY, id),
+        }
     }
 
     /// Puts a task back to waiting without counting a failure.
@@ -505,6 +563,12 @@ impl<'s> WriteTxn<'s> {
                 });
             }
         }
+        for (kind, c) in &self.counts {
+            writes.push(KeyWrite {
+                key: keys::counter_key(kind),
+                value: Some(codec::encode(c)),
+            });
+        }
         writes
     }
 
@@ -524,9 +588,19 @@ impl<'s> WriteTxn<'s> {
             return Err(WriteError::ReadOnly);
         }
         let first_seq = self.events[0].seq;
+        let mut writes = self.key_writes();
+        let counting_anew = !self.counts.is_empty();
+        let counting = &self.inner().counting;
+        let count_since = (counting_anew && !counting.stored).then_some(counting.since);
+        if let Some(since) = count_since {
+            writes.push(KeyWrite {
+                key: keys::META_COUNTED.to_vec(),
+                value: Some(codec::encode(&since)),
+            });
+        }
         let record = CommitRecord {
             next_id: self.next_id,
-            writes: self.key_writes(),
+            writes,
             events: std::mem::take(&mut self.events),
         };
         let bytes = codec::encode(&record);
@@ -548,9 +622,12 @@ impl<'s> WriteTxn<'s> {
             events,
         };
         let (next_id, next_seq) = (self.next_id, self.next_seq);
+        let counts = std::mem::take(&mut self.counts);
         let inner = self.inner();
         inner.next_id = next_id;
         inner.next_seq = next_seq;
+        inner.counting.stored |= count_since.is_some();
+        inner.counting.counts.extend(counts);
         self.undo.clear();
         self.inner = None; // release the write lock before waiting for the disk
         self.store.wait_durable(ticket)?;
