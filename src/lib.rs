@@ -12,6 +12,7 @@ pub mod config;
 pub mod control;
 pub mod engine;
 pub mod groups;
+pub mod metrics;
 pub mod ops;
 pub mod queues;
 pub mod report;

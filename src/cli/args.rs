@@ -68,6 +68,13 @@ pub enum Command {
     /// Check a config (--config FILE) as `berth run` would, and also what it
     /// names on this machine (every handler's command and folder).
     Check,
+    /// Print metrics in the Prometheus text format: queue lengths, tasks by
+    /// kind and outcome, attempt durations, waits, disk use; through a
+    /// running daemon also its own (steps, flushes).
+    Metrics {
+        #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
+        output: Format,
+    },
 }
 
 #[derive(Debug, Args)]

@@ -40,6 +40,7 @@ pub fn run(cli: Cli, data_dir_given: bool) -> Result<(), CliError> {
         Command::Task(TaskCommand::List(a)) => task_list(s, a),
         Command::Verify => verify(s),
         Command::Check => check(s),
+        Command::Metrics { output } => metrics(s, output),
     }
 }
 
@@ -204,6 +205,20 @@ fn task_list(s: &Session, a: ListArgs) -> Result<(), CliError> {
         Format::Json => out(&format!(
             "{}\n",
             serde_json::to_string_pretty(&rows).unwrap_or_default()
+        )),
+    }
+}
+
+/// `berth metrics`: the Prometheus text format (or the families as JSON).
+fn metrics(s: &Session, output: Format) -> Result<(), CliError> {
+    let v = s.run(Request::Metrics {})?;
+    let families: Vec<berth::metrics::Family> = serde_json::from_value(v)
+        .map_err(|e| CliError::runtime(format!("the metrics are malformed: {e}")))?;
+    match output {
+        Format::Text => out(&berth::metrics::render(&families)),
+        Format::Json => out(&format!(
+            "{}\n",
+            serde_json::to_string_pretty(&families).unwrap_or_default()
         )),
     }
 }

@@ -141,6 +141,8 @@ mod tests {
             r#"{"op":"task_show","id":1}"#.to_string(),
             r#"{"op":"task_remove","id":1}"#.to_string(),
             r#"{"op":"task_retry","id":1}"#.to_string(),
+            r#"{"op":"task_list","filter":{"targets":["edge-2"]}}"#.to_string(),
+            r#"{"op":"metrics"}"#.to_string(),
         ];
         for line in &good {
             assert!(parse_request(line.as_bytes()).is_ok(), "{line}");

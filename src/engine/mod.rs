@@ -143,13 +143,31 @@ pub struct Engine {
     view: Mutex<View>,
 }
 
-/// What the loop last published for `queue list`.
+/// What the loop last published for `queue list` and the metrics.
 #[derive(Debug, Default, Clone)]
 struct View {
     activities: BTreeMap<String, scheduler::LiveActivity>,
     stopping: bool,
     /// Starts are paused because disk space is below the reserve.
     paused: Option<SpaceError>,
+    live: Live,
+}
+
+/// What a running engine alone knows, for the metrics.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Live {
+    /// When the engine was made (ms since the epoch, from its clock).
+    pub started_ms: u64,
+    /// Steps written (each is one store commit, maybe of no events).
+    pub steps: u64,
+    /// When the last step was written.
+    pub last_step_ms: Option<u64>,
+    /// When the loop last went round (every 100 ms at most while it runs).
+    pub heartbeat: Option<Instant>,
+    /// Handler attempts running now.
+    pub in_flight: usize,
+    /// The loop is running (it has started and not ended).
+    pub running: bool,
 }
 
 /// The longest the loop sleeps without looking at the stop flag.
@@ -166,6 +184,7 @@ impl Engine {
             .map_err(|e| format!("starting {} worker threads: {e}", config.worker_count()))?;
         let (tx, rx) = crossbeam_channel::unbounded();
         let sched = Scheduler::for_node(config.routing());
+        let started_ms = store.clock().now_ms();
         Ok(Engine {
             store,
             handlers: Arc::new(handlers),
@@ -176,7 +195,13 @@ impl Engine {
             stop: Arc::new(AtomicBool::new(false)),
             sched: Mutex::new(sched),
             recovery_noted: AtomicBool::new(false),
-            view: Mutex::new(View::default()),
+            view: Mutex::new(View {
+                live: Live {
+                    started_ms,
+                    ..Live::default()
+                },
+                ..View::default()
+            }),
         })
     }
 
@@ -247,13 +272,36 @@ impl Engine {
         })
     }
 
+    /// Publishes the queues' activities after a step written at `now`.
     fn publish(&self, sched: &Scheduler, stopping: bool, paused: Option<SpaceError>) {
-        let activities = sched.activities(self.store.clock().now_ms());
-        *self.view.lock().unwrap_or_else(|p| p.into_inner()) = View {
+        let now = self.store.clock().now_ms();
+        let activities = sched.activities(now);
+        let mut view = self.view.lock().unwrap_or_else(|p| p.into_inner());
+        let live = Live {
+            steps: view.live.steps + 1,
+            last_step_ms: Some(now),
+            heartbeat: Some(Instant::now()),
+            in_flight: sched.in_flight(),
+            running: true,
+            ..view.live
+        };
+        *view = View {
             activities,
             stopping,
             paused,
+            live,
         };
+    }
+
+    /// What the running engine alone knows (for the metrics).
+    pub fn live(&self) -> Live {
+        self.view.lock().unwrap_or_else(|p| p.into_inner()).live
+    }
+
+    fn ended(&self) {
+        let mut view = self.view.lock().unwrap_or_else(|p| p.into_inner());
+        view.live.running = false;
+        view.live.in_flight = 0;
     }
 
     fn env(&self) -> StepEnv<'_> {
@@ -318,6 +366,12 @@ impl Engine {
     }
 
     fn run_loop(&self, until_idle: bool) -> Result<RunSummary, WriteError> {
+        let r = self.loop_steps(until_idle);
+        self.ended();
+        r
+    }
+
+    fn loop_steps(&self, until_idle: bool) -> Result<RunSummary, WriteError> {
         let mut sched = self.sched.lock().unwrap_or_else(|p| p.into_inner());
         let mut done = Vec::new();
         let mut grace_end: Option<Instant> = None;

@@ -11,6 +11,7 @@
 //! command prints the same thing whichever way the request went.
 
 mod list;
+mod metrics;
 mod tasks;
 
 use serde::{Deserialize, Serialize};
@@ -23,6 +24,7 @@ use crate::submit::EnqueueError;
 use crate::task::TaskSpec;
 
 pub use list::{STATUS_WORDS, TaskFilter, glob, task_list};
+pub use metrics::metrics;
 pub use tasks::{enqueue, enqueue_batch, queue_list, task_remove, task_retry, task_show};
 
 /// What kind of failure an operation met; it decides the exit code and the
@@ -223,6 +225,9 @@ pub enum Request {
         #[serde(default)]
         filter: TaskFilter,
     },
+    /// Every metric family (`berth metrics`); a struct variant for the
+    /// reason `QueueList` is one.
+    Metrics {},
 }
 
 /// What a request does to the data dir, for a command that opens it itself.
@@ -241,9 +246,10 @@ impl Request {
         match self {
             Request::Enqueue { .. } | Request::EnqueueBatch { .. } => Access::Create,
             Request::TaskRemove { .. } | Request::TaskRetry { .. } => Access::Write,
-            Request::QueueList {} | Request::TaskShow { .. } | Request::TaskList { .. } => {
-                Access::Read
-            }
+            Request::QueueList {}
+            | Request::TaskShow { .. }
+            | Request::TaskList { .. }
+            | Request::Metrics {} => Access::Read,
         }
     }
 }
@@ -274,5 +280,6 @@ pub fn execute(ctx: &Ctx<'_>, req: Request) -> Result<Value, OpError> {
         Request::TaskRemove { id } => task_remove(ctx, id).map(|ids| json!(ids)),
         Request::TaskRetry { id } => task_retry(ctx, id).map(|()| json!([id])),
         Request::TaskList { filter } => task_list(ctx, &filter).map(|rows| json!(rows)),
+        Request::Metrics {} => metrics(ctx).map(|families| json!(families)),
     }
 }

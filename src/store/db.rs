@@ -269,6 +269,11 @@ impl Store {
         self.commit.flushes()
     }
 
+    /// How long the flushes of this process took.
+    pub fn flush_stats(&self) -> crate::store::durability::FlushStats {
+        self.commit.flush_stats()
+    }
+
     /// The current value of a key: a pending write if there is one, else the tree's.
     pub(crate) fn get_raw(&self, key: &[u8]) -> Result<Option<sled::IVec>, sled::Error> {
         match self.overlay.get(key) {
