@@ -36,7 +36,16 @@ struct Raw {
     #[serde(default)]
     disk: RawDisk,
     #[serde(default)]
+    metrics: RawMetrics,
+    #[serde(default)]
     handlers: BTreeMap<String, Spanned<RawHandler>>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields, expecting = "a [metrics] table")]
+struct RawMetrics {
+    textfile: Option<Spanned<String>>,
+    interval: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -86,6 +95,26 @@ pub struct Config {
     pub disk_reserve: u64,
     pub engine: EngineConfig,
     pub handlers: BTreeMap<String, CommandHandler>,
+    /// Where and how often the daemon writes its metrics (`[metrics]`).
+    pub metrics: MetricsConfig,
+}
+
+/// `[metrics]`: the daemon writes `berth metrics` to `textfile` (for
+/// node_exporter's textfile collector) every `interval`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricsConfig {
+    /// None: no textfile.
+    pub textfile: Option<PathBuf>,
+    pub interval: Duration,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            textfile: None,
+            interval: Duration::from_secs(15),
+        }
+    }
 }
 
 /// A config error: file, line and key.
@@ -331,6 +360,7 @@ impl Config {
                 "disk.reserve",
                 crate::store::DEFAULT_DISK_RESERVE as usize,
             )? as u64,
+            metrics: cx.metrics(&raw.metrics, &base)?,
             handlers: cx.handlers(&raw, &base, &budget)?,
             budget,
             engine,
@@ -404,6 +434,7 @@ impl Ctx<'_> {
             backoff,
             grace: self.duration(&raw.grace, "grace", e.grace)?,
             node: raw.node.as_ref().map(|s| s.get_ref().clone()),
+            tags: raw.tags.iter().map(|t| t.get_ref().clone()).collect(),
             ..e
         };
         if let Err(m) = engine.validate() {
@@ -421,6 +452,43 @@ impl Ctx<'_> {
             return Err(self.err(span, key, m));
         }
         Ok(engine)
+    }
+
+    /// `[metrics]`: a textfile path (relative to the config's folder) whose
+    /// folder exists, and an interval of at least 1s.
+    fn metrics(&self, m: &RawMetrics, base: &Path) -> Result<MetricsConfig, ConfigError> {
+        let d = MetricsConfig::default();
+        let interval = self.positive_duration(&m.interval, "metrics.interval", d.interval)?;
+        if interval < Duration::from_secs(1) {
+            return Err(self.err(
+                spanned(&m.interval),
+                "metrics.interval",
+                "must be at least 1s",
+            ));
+        }
+        let textfile = match &m.textfile {
+            None => None,
+            Some(t) if !t.get_ref().ends_with(".prom") => {
+                return Err(self.err(
+                    Some(t.span()),
+                    "metrics.textfile",
+                    "must end with .prom (node_exporter's textfile collector reads only *.prom)",
+                ));
+            }
+            Some(t) => {
+                let path = resolve(base, t.get_ref());
+                let dir = path.parent().unwrap_or(base);
+                if self.on_this_machine && !dir.is_dir() {
+                    return Err(self.err(
+                        Some(t.span()),
+                        "metrics.textfile",
+                        format!("the folder {} does not exist", dir.display()),
+                    ));
+                }
+                Some(path)
+            }
+        };
+        Ok(MetricsConfig { textfile, interval })
     }
 
     /// One command handler per `[handlers.KIND]` table.
@@ -514,6 +582,9 @@ max_attempts = 0
 [budget]
 compress_over = "100KiB"
 max_object = "1.5MiB"
+[metrics]
+textfile = "/var/lib/prometheus/node-exporter/berth.prom"
+interval = "15s"
 [handlers.ModuleRun]
 command = ["./hooks/module-run.sh", "--verbose"]
 pre = ["./hooks/check.sh"]
@@ -535,6 +606,15 @@ env = { HELM_NAMESPACE = "d8" }
         assert_eq!(h.run.timeout, Duration::from_secs(600));
         assert_eq!(h.run.env["HELM_NAMESPACE"], "d8");
         assert!(h.pre.is_some() && h.post.is_some());
+        assert_eq!(c.engine.node.as_deref(), Some("edge-1"));
+        assert_eq!(c.engine.tags, vec!["gluster".to_string()]);
+        assert_eq!(
+            c.metrics.textfile,
+            Some(PathBuf::from(
+                "/var/lib/prometheus/node-exporter/berth.prom"
+            ))
+        );
+        assert_eq!(c.metrics.interval, Duration::from_secs(15));
     }
 
     #[test]
@@ -655,6 +735,14 @@ env = { HELM_NAMESPACE = "d8" }
         assert_error(
             "[budget]\nmax_decompressed = \"1KiB\"\n",
             "2: key budget.max_decompressed: max_decompressed must be at least max_object",
+        );
+        assert_error(
+            "[metrics]\ntextfile = \"berth.txt\"\n",
+            "2: key metrics.textfile: must end with .prom",
+        );
+        assert_error(
+            "[metrics]\ninterval = \"10ms\"\n",
+            "2: key metrics.interval: must be at least 1s",
         );
         // A syntax error has no key to name; it names the line.
         assert_error("node = \"a\"\nnode = = 1\n", "2: ");

@@ -3,8 +3,9 @@
 //! children run ([`progress`]).
 //!
 //! A batch is ordered by weight (stable; no weight sorts as 0 and never
-//! groups). Each run of two or more consecutive specs with the same weight
-//! and queue becomes a group: one parent in that queue, the children waiting
+//! groups). Each run of two or more consecutive specs with the same weight,
+//! queue, target and tags becomes a group (so a group is routed as a whole:
+//! its parent has its children's target and tags): one parent in that queue, the children waiting
 //! outside every queue until the parent reaches the head (see `engine`).
 //!
 //! Everything here is pure: the engine reads the parent and its children
@@ -12,7 +13,8 @@
 
 use crate::task::{Status, Task, TaskSpec};
 
-/// Orders a batch by weight and groups runs of equal weight in one queue:
+/// Orders a batch by weight and groups runs of equal weight in one queue
+/// (with the same routing: target and tags):
 /// each inner list is one step, a single task or (two or more) a group, as
 /// indices into `specs` (so errors name the entry without searching for it).
 pub fn plan_indices(specs: &[TaskSpec]) -> Vec<Vec<usize>> {
@@ -24,7 +26,11 @@ pub fn plan_indices(specs: &[TaskSpec]) -> Vec<Vec<usize>> {
         let s = &specs[i];
         let joins = match run.last() {
             Some(&l) => {
-                s.weight.is_some() && specs[l].weight == s.weight && specs[l].queue == s.queue
+                s.weight.is_some()
+                    && specs[l].weight == s.weight
+                    && specs[l].queue == s.queue
+                    && specs[l].target == s.target
+                    && specs[l].tags == s.tags
             }
             None => false,
         };
@@ -70,7 +76,8 @@ pub fn parent_kind(children: &[TaskSpec]) -> String {
     }
 }
 
-/// The parent's spec: same queue and weight, shared description and target.
+/// The parent's spec: same queue, weight, target and tags (a run shares
+/// them, see [`plan_indices`]), and the children's shared description.
 pub fn parent_spec(children: &[TaskSpec]) -> TaskSpec {
     let first = &children[0];
     let shared = |f: fn(&TaskSpec) -> &Option<String>| {
@@ -88,7 +95,7 @@ pub fn parent_spec(children: &[TaskSpec]) -> TaskSpec {
         description: shared(|c| &c.description),
         weight: first.weight,
         payload: serde_json::Value::Null,
-        tags: Vec::new(),
+        tags: first.tags.clone(),
         target: shared(|c| &c.target),
         compaction_key: None,
     }
@@ -271,6 +278,28 @@ mod tests {
             plan_names(&[s("a", Some(1)), b]),
             vec![vec!["a"], vec!["b"]]
         );
+    }
+
+    #[test]
+    fn different_routing_does_not_group_and_the_parent_is_routed_as_its_children() {
+        let routed = |name: &str, target: Option<&str>, tags: &[&str]| TaskSpec {
+            target: target.map(str::to_string),
+            tags: tags.iter().map(|t| t.to_string()).collect(),
+            ..s(name, Some(1))
+        };
+        let specs = [
+            routed("a", Some("edge-1"), &["gpu"]),
+            routed("b", Some("edge-1"), &["gpu"]),
+            routed("c", Some("edge-2"), &["gpu"]),
+            routed("d", Some("edge-2"), &[]),
+        ];
+        assert_eq!(
+            plan_names(&specs),
+            vec![vec!["a", "b"], vec!["c"], vec!["d"]]
+        );
+        let p = parent_spec(&specs[..2]);
+        assert_eq!(p.target.as_deref(), Some("edge-1"));
+        assert_eq!(p.tags, vec!["gpu".to_string()]);
     }
 
     #[test]

@@ -6,6 +6,8 @@ mod cli;
 use clap::{CommandFactory, FromArgMatches, parser::ValueSource};
 
 fn main() {
+    // First, while no other thread exists (see notify::take_env).
+    cli::notify::take_env();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
         .format_timestamp_millis()
         .init();

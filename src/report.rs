@@ -458,6 +458,11 @@ pub struct TaskRow {
     pub children: Vec<u64>,
     pub tags: Vec<String>,
     pub target: Option<String>,
+    /// Why a waiting task does not run on this node (`for node edge-2`,
+    /// `needs tag gpu`; see `routing`); None when it does, or when the node
+    /// is not known (no daemon ever ran on the data dir).
+    #[serde(default)]
+    pub waiting_for: Option<String>,
 }
 
 impl TaskRow {
@@ -483,6 +488,7 @@ impl TaskRow {
             children: t.children,
             tags: t.tags,
             target: t.target,
+            waiting_for: None,
         }
     }
 
@@ -493,6 +499,7 @@ impl TaskRow {
             "waiting" => self.place == Place::Waiting,
             "live" => self.place != Place::History,
             "history" => self.place == Place::History,
+            "elsewhere" => self.waiting_for.is_some(),
             status => self.status == status,
         }
     }
@@ -552,6 +559,10 @@ fn task_cells(r: &TaskRow, now_ms: u64) -> [String; 9] {
         ),
         (Place::History, _, Some(f)) => format!("{} ago", age(f)),
         (_, Some(s), _) if r.status == "running" => format!("running {}", age(s)),
+        (_, _, _) if r.waiting_for.is_some() => match r.position {
+            Some(p) => format!("#{p}, {}", r.waiting_for.as_deref().unwrap_or_default()),
+            None => r.waiting_for.clone().unwrap_or_default(),
+        },
         (Place::Queue, _, _) => match (r.position, r.retry_at) {
             (_, Some(t)) if t > now_ms => format!("retry in {}", format_age(now_ms, t)),
             (Some(1), _) => format!("head, queued {} ago", age(r.queued_at)),

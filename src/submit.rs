@@ -1,11 +1,14 @@
 //! Turning task specs into stored tasks: one spec, or a whole batch all or
 //! nothing. Validation and the size budget are checked for every entry before
-//! anything is written; errors name the entry's index and field.
+//! anything is written; errors name the entry's index and field. A spec with
+//! a compaction key may merge into a task that waits for the same thing
+//! instead (see `compaction`).
 
 use crate::budget::Budget;
+use crate::compaction::Compactor;
 use crate::groups;
 use crate::store::{Placement, Store, WriteError, WriteTxn};
-use crate::task::{TaskBuildError, TaskSpec};
+use crate::task::{Task, TaskBuildError, TaskSpec};
 
 /// Which entry of a batch (counted from 1, as people count), of how many.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,7 +73,9 @@ impl EnqueueError {
     }
 }
 
-/// Adds one task at `placement`; returns its id once it is durable.
+/// Adds one task at `placement`, or merges it into the task with its
+/// compaction key that waits in its queue (which keeps its place); returns
+/// the id once it is durable.
 pub fn enqueue_one(
     store: &Store,
     spec: TaskSpec,
@@ -80,15 +85,33 @@ pub fn enqueue_one(
         .into_task(store.clock().now_ms(), store.budget())
         .map_err(|e| EnqueueError::from_build(None, e))?;
     let mut w = store.write();
-    let id = w.enqueue(task, Some(placement))?;
+    let id = match Compactor::new().single(&mut w, &task)? {
+        Some(waiting) => merge(&mut w, waiting, task)?,
+        None => w.enqueue(task, Some(placement))?,
+    };
     w.commit()?;
     Ok(id)
 }
 
+/// Merges `task` (not enqueued) into the waiting task `into`; returns `into`.
+fn merge(w: &mut WriteTxn<'_>, into: u64, task: Task) -> Result<u64, WriteError> {
+    log::info!(
+        "{} {} merged into waiting task {into} (compaction key {:?})",
+        task.kind,
+        task.name,
+        task.compaction_key.as_deref().unwrap_or_default()
+    );
+    w.merge(into, task.payload)?;
+    Ok(into)
+}
+
 /// Stages a batch in `w`: every spec is checked first; then the batch is
 /// ordered by weight and each run of equal weight in one queue becomes a
-/// group (see [`groups`](crate::groups)). Returns the ids of the tasks added
-/// to queues (singles and group parents), in queue order.
+/// group (see [`groups`](crate::groups)). Entries with compaction keys may
+/// merge into waiting tasks (see [`compaction`](crate::compaction)), also
+/// into earlier entries of the same batch. Returns the ids of the tasks
+/// added to queues (singles and group parents) or merged into, in the
+/// batch's order.
 pub fn stage_batch(
     w: &mut WriteTxn<'_>,
     store: &Store,
@@ -108,22 +131,49 @@ pub fn stage_batch(
             .map_err(|e| EnqueueError::from_build(Some(Entry::at(i, n)), e))
     };
     let mut ids = Vec::new();
+    let mut compactor = Compactor::new();
     for run in plan {
         if run.len() == 1 {
             let i = run[0];
-            ids.push(w.enqueue(build(i, take(i))?, Some(Placement::Last))?);
+            let task = build(i, take(i))?;
+            let id = match compactor.single(w, &task)? {
+                Some(waiting) => merge(w, waiting, task)?,
+                None => {
+                    let id = w.enqueue(task.clone(), Some(Placement::Last))?;
+                    compactor.added_single(id, &task);
+                    id
+                }
+            };
+            ids.push(id);
             continue;
         }
         let children: Vec<(usize, TaskSpec)> = run.iter().map(|&i| (i, take(i))).collect();
         let child_specs: Vec<TaskSpec> = children.iter().map(|(_, s)| s.clone()).collect();
         let mut parent = build(children[0].0, groups::parent_spec(&child_specs))?;
-        parent.id = w.allocate_id();
+        let mut tasks = Vec::with_capacity(children.len());
         for (i, child) in children {
-            let mut t = build(i, child)?;
-            t.parent = Some(parent.id);
-            parent.children.push(w.enqueue(t, None)?);
+            tasks.push(build(i, child)?);
         }
-        ids.push(w.enqueue(parent, Some(Placement::Last))?);
+        if let Some((waiting, ids_in)) = compactor.group(w, &parent.queue, &tasks)? {
+            for (task, into) in tasks.into_iter().zip(ids_in) {
+                merge(w, into, task)?;
+            }
+            ids.push(waiting);
+            continue;
+        }
+        parent.id = w.allocate_id();
+        let mut added = Vec::with_capacity(tasks.len());
+        for mut t in tasks {
+            t.parent = Some(parent.id);
+            let id = w.enqueue(t.clone(), None)?;
+            parent.children.push(id);
+            added.push((id, t));
+        }
+        let queue = parent.queue.clone();
+        let parent_id = w.enqueue(parent, Some(Placement::Last))?;
+        let added: Vec<(u64, &Task)> = added.iter().map(|(id, t)| (*id, t)).collect();
+        compactor.added_group(&queue, parent_id, &added);
+        ids.push(parent_id);
     }
     Ok(ids)
 }

@@ -110,7 +110,13 @@ pub struct TaskSpec {
     pub payload: serde_json::Value,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tags: Vec<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The node, or nodes, that may run the task: one name, or (in JSON) a
+    /// list of names, kept comma-joined (see `routing`).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::routing::target_field::deserialize"
+    )]
     pub target: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compaction_key: Option<String>,
@@ -192,8 +198,14 @@ impl TaskSpec {
         for t in &self.tags {
             check_name("tag", t).map_err(|r| spec_err("tags", r))?;
         }
-        if let Some(n) = &self.target {
-            check_name("target node", n).map_err(|r| spec_err("target", r))?;
+        if let Some(t) = &self.target {
+            let names: Vec<&str> = t.split(crate::routing::TARGET_SEPARATOR).collect();
+            if names.len() > 64 {
+                return Err(spec_err("target", "at most 64 target nodes are allowed"));
+            }
+            for n in names {
+                check_name("target node", n).map_err(|r| spec_err("target", r))?;
+            }
         }
         if let Some(k) = &self.compaction_key {
             check_text("compaction_key", k, true, 512)?;
@@ -300,6 +312,15 @@ mod tests {
         .unwrap();
         assert_eq!(s.weight, Some(3));
         assert_eq!(s.target.as_deref(), Some("edge-1"));
+        let s: TaskSpec = serde_json::from_str(
+            r#"{"queue":"main","kind":"K","name":"n","target":["edge-1","edge-2"]}"#,
+        )
+        .unwrap();
+        assert_eq!(s.target.as_deref(), Some("edge-1,edge-2"));
+        assert!(s.validate().is_ok());
+        let mut bad = s.clone();
+        bad.target = Some("edge-1,,edge-2".into());
+        assert_eq!(bad.validate().unwrap_err().field, "target");
         let e = serde_json::from_str::<TaskSpec>(
             r#"{"queue":"main","kind":"K","name":"n","wieght":3}"#,
         )

@@ -32,10 +32,20 @@ fn spec(queue: &str, kind: &str, name: &str) -> TaskSpec {
     }
 }
 
+/// The node the daemon runs as (its config says so too).
+fn this_node() -> berth::routing::Node {
+    berth::routing::Node {
+        name: Some("edge-1".into()),
+        tags: vec!["gluster".into()],
+    }
+}
+
 /// The shared starting state: holders at the head of `main` and `other`,
 /// tasks behind them (a single, a group of two), one dead letter whose two
-/// attempts are logged (stderr lines), and one finished task whose attempt
-/// logged progress lines on stdout.
+/// attempts are logged (stderr lines), one finished task whose attempt
+/// logged progress lines on stdout, and two tasks that are not for this node
+/// (its target, its tags), which the node recorded by the last daemon makes
+/// known without a daemon too.
 fn prepare(dir: &Path) {
     let store = Store::open(dir, Options::default(), clock::system()).expect("open");
     let add =
@@ -98,13 +108,23 @@ fn prepare(dir: &Path) {
     w.succeed(done, None).expect("succeed");
     w.to_history(done, Status::Succeeded).expect("history");
     w.commit().expect("commit");
+    add(TaskSpec {
+        target: Some("edge-2".into()),
+        ..spec("other", "Work", "for-edge-2")
+    });
+    add(TaskSpec {
+        tags: vec!["gpu".into()],
+        ..spec("other", "Work", "needs-gpu")
+    });
+    store.set_node(&this_node()).expect("record the node");
 }
 
 fn config(root: &Path) -> PathBuf {
     let cfg = root.join("berth.toml");
     std::fs::write(
         &cfg,
-        "[handlers.Hold]\ncommand = [\"sh\", \"-c\", \"while [ ! -e never ]; do sleep 0.05; done\"]\n\
+        "node = \"edge-1\"\ntags = [\"gluster\"]\n\
+         [handlers.Hold]\ncommand = [\"sh\", \"-c\", \"while [ ! -e never ]; do sleep 0.05; done\"]\n\
          [handlers.Work]\ncommand = [\"true\"]\n",
     )
     .expect("config");
@@ -116,6 +136,9 @@ fn config(root: &Path) -> PathBuf {
 /// `queue list -o json`), and the state of the holders, which run under the
 /// daemon only.
 fn normalize(text: &str) -> String {
+    if text.starts_with("# HELP berth_") {
+        return normalize_metrics(text);
+    }
     if let Ok(mut v @ serde_json::Value::Object(_)) = serde_json::from_str(text) {
         for part in ["active", "empty"] {
             if let Some(queues) = v[part].as_array_mut() {
@@ -140,6 +163,45 @@ fn normalize(text: &str) -> String {
                 _ => l.to_string(),
             },
         )
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The metric families that the store alone decides (not the daemon's own,
+/// nor those that change with time or disk use), without the holders'
+/// samples: those must be the same with and without a daemon.
+fn normalize_metrics(text: &str) -> String {
+    const FROM_THE_STORE: [&str; 15] = [
+        "berth_build_info",
+        "berth_node_info",
+        "berth_counters_since_event",
+        "berth_tasks_enqueued_total",
+        "berth_tasks_merged_total",
+        "berth_attempts_started_total",
+        "berth_attempts_total",
+        "berth_tasks_finished_total",
+        "berth_tasks_removed_total",
+        "berth_tasks_retried_total",
+        "berth_attempt_duration_seconds",
+        "berth_task_wait_seconds",
+        "berth_queue_length",
+        "berth_queue_tasks_for_other_nodes",
+        "berth_tasks_waiting_for_parent",
+    ];
+    text.lines()
+        .filter(|l| !l.contains("kind=\"Hold\""))
+        .filter(|l| {
+            let name = l
+                .trim_start_matches("# HELP ")
+                .trim_start_matches("# TYPE ")
+                .split([' ', '{'])
+                .next()
+                .unwrap_or_default();
+            FROM_THE_STORE.iter().any(|f| {
+                name.strip_prefix(f)
+                    .is_some_and(|rest| ["", "_bucket", "_sum", "_count"].contains(&rest))
+            })
+        })
         .collect::<Vec<_>>()
         .join("\n")
 }
@@ -237,6 +299,26 @@ fn every_command_answers_the_same_with_and_without_a_daemon() {
         assert_eq!(compare(&a, &b, args).status.code(), Some(code), "{args:?}");
     }
     assert!(stdout(&berth(&a, &["task", "log", "9"])).contains("progress 1/2\nprogress 2/2\n"));
+    // Routing: why tasks wait, and those for a node.
+    let elsewhere = compare(&a, &b, &["task", "list", "--status", "elsewhere"]);
+    assert!(
+        stdout(&elsewhere).contains("for node edge-2")
+            && stdout(&elsewhere).contains("needs tag gpu"),
+        "{}",
+        stdout(&elsewhere)
+    );
+    compare(
+        &a,
+        &b,
+        &["task", "list", "--target", "edge-2", "-o", "json"],
+    );
+    // Metrics: what the store decides is the same.
+    let m = compare(&a, &b, &["metrics"]);
+    assert!(
+        stdout(&m).contains("berth_queue_tasks_for_other_nodes{queue=\"other\"} 2\n"),
+        "{}",
+        stdout(&m)
+    );
 
     // Writes, and errors of every class.
     let big = root.path().join("big.json");
@@ -262,10 +344,30 @@ fn every_command_answers_the_same_with_and_without_a_daemon() {
             enq("main", &["--name", "too-big", "--payload-file", &big]),
             2,
         ),
+        // Compaction: the second merges into the first, and prints its id.
+        (
+            enq("other", &["--name", "keyed", "--compaction-key", "k"]),
+            0,
+        ),
+        (
+            enq(
+                "other",
+                &["--name", "keyed-2", "--compaction-key", "k", "--first"],
+            ),
+            0,
+        ),
     ] {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         assert_eq!(compare(&a, &b, &args).status.code(), Some(code), "{args:?}");
     }
+    // (Text: the JSON has the enqueue times, which differ between the copies.)
+    let keyed = compare(&a, &b, &["task", "list", "--name", "keyed*"]);
+    assert_eq!(
+        stdout(&keyed).lines().count(),
+        2,
+        "the keyed enqueues merged: {}",
+        stdout(&keyed)
+    );
     let batch = root.path().join("batch.json");
     std::fs::write(
         &batch,
@@ -316,6 +418,7 @@ fn every_command_answers_the_same_with_and_without_a_daemon() {
          attempt logs: add --history to do that (berth task remove 12 --history)\n"
     );
     compare(&a, &b, &["queue", "list", "-o", "json"]);
+    compare(&a, &b, &["metrics"]);
     // The holder of `other`: queued in A, running in B (its handler is
     // stopped there); the answer is the same.
     let o = compare(&a, &b, &["task", "cancel", "2"]);

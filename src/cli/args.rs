@@ -68,6 +68,13 @@ pub enum Command {
     /// Check a config (--config FILE) as `berth run` would, and also what it
     /// names on this machine (every handler's command and folder).
     Check,
+    /// Print metrics in the Prometheus text format: queue lengths, tasks by
+    /// kind and outcome, attempt durations, waits, disk use; through a
+    /// running daemon also its own (steps, flushes).
+    Metrics {
+        #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
+        output: Format,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -85,7 +92,7 @@ pub struct RunArgs {
 pub struct EnqueueArgs {
     /// A JSON file with an array of task specs (or {"tasks": [...]}), added
     /// all or nothing; `-` reads standard input.
-    #[arg(long, conflicts_with_all = ["queue", "kind", "name", "description", "weight", "payload", "payload_file", "tag", "target", "first", "after", "before"])]
+    #[arg(long, conflicts_with_all = ["queue", "kind", "name", "description", "weight", "payload", "payload_file", "tag", "target", "compaction_key", "first", "after", "before"])]
     pub batch: Option<PathBuf>,
     /// The queue to add the task to ([A-Za-z0-9_.-], at most 64).
     #[arg(long, required_unless_present = "batch")]
@@ -111,9 +118,15 @@ pub struct EnqueueArgs {
     /// A tag (repeatable).
     #[arg(long = "tag")]
     pub tag: Vec<String>,
-    /// The node that should run the task.
+    /// A node that may run the task (repeatable, or comma-separated: any of
+    /// them). Without one, any node whose tags fit runs it.
     #[arg(long)]
-    pub target: Option<String>,
+    pub target: Vec<String>,
+    /// Merge into the task of the same kind with this key that waits in the
+    /// queue, if there is one (it takes this payload and keeps its place;
+    /// its id is printed), instead of adding another.
+    #[arg(long)]
+    pub compaction_key: Option<String>,
     /// Add at the head of the queue instead of the tail.
     #[arg(long, conflicts_with_all = ["after", "before"])]
     pub first: bool,
@@ -205,7 +218,8 @@ pub struct ListArgs {
     pub kind: Vec<String>,
     /// Only tasks in this state (repeatable): queued, running, succeeded,
     /// failed, cancelled, dead (dead letters), waiting (group children not
-    /// yet in a queue), live (not finished) or history (finished).
+    /// yet in a queue), live (not finished), history (finished) or
+    /// elsewhere (waiting for another node: its target or tags).
     #[arg(long)]
     pub status: Vec<String>,
     /// Only tasks whose last change (finished, else started, else queued) is
@@ -220,6 +234,10 @@ pub struct ListArgs {
     /// character).
     #[arg(long)]
     pub name: Option<String>,
+    /// Only tasks targeted at this node (repeatable): those an export to it
+    /// takes.
+    #[arg(long)]
+    pub target: Vec<String>,
     #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
     pub output: Format,
 }

@@ -47,6 +47,7 @@ pub fn run(cli: Cli, data_dir_given: bool) -> Result<(), CliError> {
         Command::Task(TaskCommand::Cancel { id }) => task_cancel(s, id),
         Command::Verify => verify(s),
         Command::Check => check(s),
+        Command::Metrics { output } => metrics(s, output),
     }
 }
 
@@ -100,8 +101,8 @@ fn enqueue(s: &Session, a: EnqueueArgs) -> Result<(), CliError> {
         weight: a.weight,
         payload,
         tags: a.tag,
-        target: a.target,
-        compaction_key: None,
+        target: (!a.target.is_empty()).then(|| a.target.join(",")),
+        compaction_key: a.compaction_key,
     };
     // Check the spec (and its payload against the budget) before anything
     // is sent or opened: a refused enqueue changes nothing, with a daemon or
@@ -206,6 +207,7 @@ fn task_list(s: &Session, a: ListArgs) -> Result<(), CliError> {
         since_ms: time("since", &a.since)?,
         until_ms: time("until", &a.until)?,
         name: a.name,
+        targets: a.target,
     };
     filter.validate()?;
     let v = s.run(Request::TaskList { filter })?;
@@ -216,6 +218,20 @@ fn task_list(s: &Session, a: ListArgs) -> Result<(), CliError> {
         Format::Json => out(&format!(
             "{}\n",
             serde_json::to_string_pretty(&rows).unwrap_or_default()
+        )),
+    }
+}
+
+/// `berth metrics`: the Prometheus text format (or the families as JSON).
+fn metrics(s: &Session, output: Format) -> Result<(), CliError> {
+    let v = s.run(Request::Metrics {})?;
+    let families: Vec<berth::metrics::Family> = serde_json::from_value(v)
+        .map_err(|e| CliError::runtime(format!("the metrics are malformed: {e}")))?;
+    match output {
+        Format::Text => out(&berth::metrics::render(&families)),
+        Format::Json => out(&format!(
+            "{}\n",
+            serde_json::to_string_pretty(&families).unwrap_or_default()
         )),
     }
 }

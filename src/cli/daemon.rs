@@ -1,10 +1,14 @@
 //! `berth run`: the engine as an edge node daemon. The first SIGTERM,
 //! SIGINT or SIGHUP stops dispatching and waits for running handlers (the
 //! grace period); a second one exits at once (running tasks are then
-//! recovered at the next start).
+//! recovered at the next start). Beside the engine, a service thread tells
+//! systemd how the daemon is (`notify`) and writes the metrics textfile.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use berth::clock;
 use berth::config::Config;
@@ -16,6 +20,7 @@ use berth::submit;
 use berth::task::TaskSpec;
 
 use super::args::RunArgs;
+use super::notify::notify;
 use super::session::Session;
 use super::{CliError, read_file};
 
@@ -31,9 +36,7 @@ pub fn run(a: RunArgs, s: &Session) -> Result<(), CliError> {
     let batch = a.enqueue.as_deref().map(read_batch).transpose()?;
     let engine = start_engine(&config)?;
     if let Some((f, specs)) = batch {
-        let ids = ops::enqueue_batch(&Ctx::daemon(&engine, &engine.kinds()), specs)
-            .map_err(|e| e.context(&format!("batch file {}: ", f.display())))?;
-        log::info!("enqueued {} task(s) from {}", ids.len(), f.display());
+        enqueue_at_start(&engine, &f, specs)?;
     }
     install_signals(&engine)?;
     log::info!(
@@ -43,8 +46,40 @@ pub fn run(a: RunArgs, s: &Session) -> Result<(), CliError> {
         config.engine.parallel_queues,
         config.engine.worker_count()
     );
-    let summary = serve_and_run(&engine, &config.data_dir, a.until_idle)?;
+    let summary = serve_and_run(&engine, &config, a.until_idle)?;
     finish(summary, a.until_idle)
+}
+
+/// `--enqueue FILE`: the batch, all or nothing; entries with a compaction
+/// key whose task still waits from an earlier start merge into it (see
+/// `compaction`), so a restart adds nothing that already waits.
+fn enqueue_at_start(engine: &Engine, f: &Path, specs: Vec<TaskSpec>) -> Result<(), CliError> {
+    let merged = || {
+        let c = engine.store().counting();
+        c.counts
+            .values()
+            .map(|k| {
+                k.values
+                    .get(berth::store::counters::MERGED)
+                    .copied()
+                    .unwrap_or(0)
+            })
+            .sum::<u64>()
+    };
+    let (n, before) = (specs.len(), merged());
+    let ids = ops::enqueue_batch(&Ctx::daemon(engine, &engine.kinds()), specs)
+        .map_err(|e| e.context(&format!("batch file {}: ", f.display())))?;
+    let m = merged().saturating_sub(before);
+    log::info!(
+        "{}: {} entries, {} merged into tasks that were waiting (same compaction key), {} new in \
+         {} queue position(s)",
+        f.display(),
+        n,
+        m,
+        n as u64 - m.min(n as u64),
+        ids.len()
+    );
+    Ok(())
 }
 
 fn read_batch(f: &Path) -> Result<(PathBuf, Vec<TaskSpec>), CliError> {
@@ -70,9 +105,10 @@ fn start_engine(config: &Config) -> Result<Engine, CliError> {
         handlers.register(kind.clone(), h.clone());
     }
     let engine = Engine::new(store, handlers, config.engine.clone()).map_err(CliError::input)?;
-    engine
-        .store()
+    let store = engine.store();
+    store
         .set_parallel_queues(config.engine.parallel_queues)
+        .and_then(|()| store.set_node(&config.engine.routing()))
         .map_err(|e| CliError::runtime(format!("{}: {e}", config.data_dir.display())))?;
     Ok(engine)
 }
@@ -95,8 +131,15 @@ fn install_signals(engine: &Engine) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Serves the control socket while the engine runs; stops it after.
-fn serve_and_run(engine: &Engine, dir: &Path, until_idle: bool) -> Result<RunSummary, CliError> {
+/// Serves the control socket and runs the service thread while the engine
+/// runs; stops them after. The daemon is ready (`READY=1`) once its socket
+/// listens.
+fn serve_and_run(
+    engine: &Engine,
+    config: &Config,
+    until_idle: bool,
+) -> Result<RunSummary, CliError> {
+    let dir = &config.data_dir;
     let (server, listener) = control::Server::bind(dir).map_err(|e| {
         CliError::runtime(format!(
             "binding the control socket in {}: {e}",
@@ -106,12 +149,21 @@ fn serve_and_run(engine: &Engine, dir: &Path, until_idle: bool) -> Result<RunSum
     std::thread::scope(|scope| {
         let server = &server;
         scope.spawn(move || server.serve(scope, listener, engine));
+        let (done, finished) = mpsc::channel::<()>();
+        let service = scope.spawn(move || service(engine, config, finished));
+        notify(&format!(
+            "READY=1\nSTATUS=serving {} (node {})",
+            dir.display(),
+            config.node.as_deref().unwrap_or("-")
+        ));
         let r = if until_idle {
             engine.run_until_idle()
         } else {
             engine.run()
         };
         server.stop();
+        drop(done);
+        let _ = service.join();
         r
     })
     .map_err(|e| match engine.store().failure() {
@@ -131,6 +183,93 @@ fn serve_and_run(engine: &Engine, dir: &Path, until_idle: bool) -> Result<RunSum
         }
         None => CliError::runtime(format!("the engine stopped: {e}")),
     })
+}
+
+/// How often the service thread looks at the stop flag and the clock.
+const SERVICE_TICK: Duration = Duration::from_millis(100);
+
+/// The daemon's service thread, while the engine runs (until `finished`
+/// closes): tells the service manager `STOPPING=1` when a stop begins,
+/// pings its watchdog every half timeout while the engine's loop goes round
+/// (a loop stuck for longer than that is not pinged for, and systemd
+/// restarts the daemon), and writes the metrics textfile every interval.
+/// At the end: one last textfile (which says the daemon no longer runs),
+/// and `STOPPING=1` if not said yet.
+fn service(engine: &Engine, config: &Config, finished: mpsc::Receiver<()>) {
+    let stop = engine.stop_handle().flag();
+    let watchdog = super::notify::watchdog();
+    let mut stopping = false;
+    let mut pinged = Instant::now();
+    let mut written: Option<Instant> = None;
+    let mut textfile = Textfile::new(config);
+    loop {
+        if !stopping && stop.load(Ordering::SeqCst) {
+            stopping = true;
+            notify("STOPPING=1\nSTATUS=stopping: waiting for the running tasks");
+        }
+        if let Some(timeout) = watchdog
+            && pinged.elapsed() >= timeout / 2
+            && engine
+                .live()
+                .heartbeat
+                .is_some_and(|h| h.elapsed() < timeout / 2)
+        {
+            notify("WATCHDOG=1");
+            pinged = Instant::now();
+        }
+        if written.is_none_or(|w| w.elapsed() >= config.metrics.interval) {
+            textfile.write(engine);
+            written = Some(Instant::now());
+        }
+        match finished.recv_timeout(SERVICE_TICK) {
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            _ => break,
+        }
+    }
+    textfile.write(engine);
+    if !stopping {
+        notify("STOPPING=1");
+    }
+}
+
+/// The metrics textfile (`[metrics] textfile`), if the config has one.
+struct Textfile {
+    path: Option<PathBuf>,
+    /// The last write failed (logged once until one works again).
+    failing: bool,
+}
+
+impl Textfile {
+    fn new(config: &Config) -> Self {
+        Textfile {
+            path: config.metrics.textfile.clone(),
+            failing: false,
+        }
+    }
+
+    fn write(&mut self, engine: &Engine) {
+        let Some(path) = &self.path else {
+            return;
+        };
+        let kinds = engine.kinds();
+        let r = ops::metrics(&Ctx::daemon(engine, &kinds))
+            .map_err(|e| e.to_string())
+            .and_then(|f| {
+                berth::metrics::write_textfile(path, &berth::metrics::render(&f))
+                    .map_err(|e| e.to_string())
+            });
+        match r {
+            Err(e) if !self.failing => {
+                log::warn!("writing the metrics to {}: {e}", path.display());
+                self.failing = true;
+            }
+            Ok(()) if self.failing => {
+                log::info!("writing the metrics to {} works again", path.display());
+                self.failing = false;
+            }
+            _ => {}
+        }
+    }
 }
 
 /// Logs how the run ended and picks the exit code: a run until idle fails

@@ -6,6 +6,7 @@
 pub mod args;
 pub mod commands;
 pub mod daemon;
+pub mod notify;
 pub mod session;
 mod tasklog;
 

@@ -148,6 +148,8 @@ mod tests {
             r#"{"op":"task_output","id":1,"attempt":2,"stdout_from":5,"stderr_from":0}"#
                 .to_string(),
             r#"{"op":"task_cancel","id":1}"#.to_string(),
+            r#"{"op":"task_list","filter":{"targets":["edge-2"]}}"#.to_string(),
+            r#"{"op":"metrics"}"#.to_string(),
         ];
         for line in &good {
             assert!(parse_request(line.as_bytes()).is_ok(), "{line}");

@@ -54,8 +54,9 @@ impl Scheduler {
     }
 
     /// The head of queue `name` if it may start now: the queue runs nothing,
-    /// does not sleep, and its head is readable and not waiting for a retry
-    /// (the queue then sleeps until the retry).
+    /// does not sleep, and its head (its first task for this node) is
+    /// readable and not waiting for a retry (the queue then sleeps until the
+    /// retry).
     fn ready_head(
         &mut self,
         w: &mut WriteTxn<'_>,
@@ -74,16 +75,8 @@ impl Scheduler {
         if self.queue(name).sleep_until > now {
             return Ok(None);
         }
-        let Some(head) = w.head(name) else {
+        let Some(task) = self.head_for_this_node(w, name)? else {
             return Ok(None);
-        };
-        let task = match w.task(head) {
-            Ok(t) => t.clone(),
-            Err(WriteError::Corrupt(c)) => {
-                log::error!(target: LOG_TARGET, "queue {name} is stuck behind a corrupt task: {c}");
-                return Ok(None);
-            }
-            Err(e) => return Err(e),
         };
         if let Some(at) = task.retry_at.filter(|at| *at > now) {
             // Waiting for a retry (for example after a restart).
@@ -98,6 +91,46 @@ impl Scheduler {
             return Ok(None);
         }
         Ok(Some(task))
+    }
+
+    /// The first task in queue `name` that is for this node (see `routing`).
+    /// Tasks for other nodes keep their places and are passed over, so they
+    /// never hold the queue; each is logged once. None when there is no
+    /// such task, or when the walk meets a record it cannot read: the queue
+    /// then waits behind it, as it always waited behind a corrupt head.
+    fn head_for_this_node(
+        &mut self,
+        w: &mut WriteTxn<'_>,
+        name: &str,
+    ) -> Result<Option<Task>, WriteError> {
+        let mut next = w.head(name);
+        while let Some(id) = next {
+            next = w.next_in_queue(id);
+            if self.elsewhere.contains(&id) {
+                continue;
+            }
+            let task = match w.task(id) {
+                Ok(t) => t,
+                Err(WriteError::Corrupt(c)) => {
+                    log::error!(target: LOG_TARGET, "queue {name} is stuck behind a corrupt task: {c}");
+                    return Ok(None);
+                }
+                Err(e) => return Err(e),
+            };
+            match self.node.accepts(task) {
+                Ok(()) => return Ok(Some(task.clone())),
+                Err(why) => {
+                    log::info!(
+                        target: LOG_TARGET,
+                        "task {id} {} {} in {name} is not for this node ({why}); it keeps its place and waits",
+                        task.kind,
+                        task.name
+                    );
+                    self.elsewhere.insert(id);
+                }
+            }
+        }
+        Ok(None)
     }
 
     /// A group parent at its queue's head: its waiting children go to the

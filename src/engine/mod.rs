@@ -50,8 +50,11 @@ pub struct EngineConfig {
     pub keep_delay: Duration,
     /// How long a stop waits for running handlers.
     pub grace: Duration,
-    /// This node's name, handed to handlers.
+    /// This node's name, handed to handlers; with `tags`, it decides which
+    /// tasks run here (see `routing`).
     pub node: Option<String>,
+    /// This node's tags: a task runs here only if all of its tags are.
+    pub tags: Vec<String>,
 }
 
 impl Default for EngineConfig {
@@ -63,6 +66,7 @@ impl Default for EngineConfig {
             keep_delay: Duration::from_secs(5),
             grace: Duration::from_secs(30),
             node: None,
+            tags: Vec::new(),
         }
     }
 }
@@ -79,6 +83,14 @@ impl EngineConfig {
             return Err("retry.initial must not be larger than retry.max".into());
         }
         Ok(())
+    }
+
+    /// This node as routing sees it.
+    pub fn routing(&self) -> crate::routing::Node {
+        crate::routing::Node {
+            name: self.node.clone(),
+            tags: self.tags.clone(),
+        }
     }
 
     pub fn worker_count(&self) -> usize {
@@ -166,13 +178,31 @@ const STEP_LOG_BYTES: usize = 16 << 20;
 /// How long a cancel waits for a running handler to return.
 const CANCEL_WAIT: Duration = Duration::from_secs(20);
 
-/// What the loop last published for `queue list`.
+/// What the loop last published for `queue list` and the metrics.
 #[derive(Debug, Default, Clone)]
 struct View {
     activities: BTreeMap<String, scheduler::LiveActivity>,
     stopping: bool,
     /// Starts are paused because disk space is below the reserve.
     paused: Option<SpaceError>,
+    live: Live,
+}
+
+/// What a running engine alone knows, for the metrics.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Live {
+    /// When the engine was made (ms since the epoch, from its clock).
+    pub started_ms: u64,
+    /// Steps written (each is one store commit, maybe of no events).
+    pub steps: u64,
+    /// When the last step was written.
+    pub last_step_ms: Option<u64>,
+    /// When the loop last went round (every 100 ms at most while it runs).
+    pub heartbeat: Option<Instant>,
+    /// Handler attempts running now.
+    pub in_flight: usize,
+    /// The loop is running (it has started and not ended).
+    pub running: bool,
 }
 
 /// The longest the loop sleeps without looking at the stop flag.
@@ -188,8 +218,9 @@ impl Engine {
         let pool = Pool::new(config.worker_count(), "berth-worker")
             .map_err(|e| format!("starting {} worker threads: {e}", config.worker_count()))?;
         let (tx, rx) = crossbeam_channel::unbounded();
-        let sched = Scheduler::new();
+        let sched = Scheduler::for_node(config.routing());
         let live = sched.live();
+        let started_ms = store.clock().now_ms();
         Ok(Engine {
             store,
             handlers: Arc::new(handlers),
@@ -200,7 +231,13 @@ impl Engine {
             stop: Arc::new(AtomicBool::new(false)),
             sched: Mutex::new(sched),
             recovery_noted: AtomicBool::new(false),
-            view: Mutex::new(View::default()),
+            view: Mutex::new(View {
+                live: Live {
+                    started_ms,
+                    ..Live::default()
+                },
+                ..View::default()
+            }),
             live,
         })
     }
@@ -296,13 +333,36 @@ impl Engine {
         })
     }
 
+    /// Publishes the queues' activities after a step written at `now`.
     fn publish(&self, sched: &Scheduler, stopping: bool, paused: Option<SpaceError>) {
-        let activities = sched.activities(self.store.clock().now_ms());
-        *self.view.lock().unwrap_or_else(|p| p.into_inner()) = View {
+        let now = self.store.clock().now_ms();
+        let activities = sched.activities(now);
+        let mut view = self.view.lock().unwrap_or_else(|p| p.into_inner());
+        let live = Live {
+            steps: view.live.steps + 1,
+            last_step_ms: Some(now),
+            heartbeat: Some(Instant::now()),
+            in_flight: sched.in_flight(),
+            running: true,
+            ..view.live
+        };
+        *view = View {
             activities,
             stopping,
             paused,
+            live,
         };
+    }
+
+    /// What the running engine alone knows (for the metrics).
+    pub fn live(&self) -> Live {
+        self.view.lock().unwrap_or_else(|p| p.into_inner()).live
+    }
+
+    fn ended(&self) {
+        let mut view = self.view.lock().unwrap_or_else(|p| p.into_inner());
+        view.live.running = false;
+        view.live.in_flight = 0;
     }
 
     fn env(&self) -> StepEnv<'_> {
@@ -390,6 +450,12 @@ impl Engine {
     }
 
     fn run_loop(&self, until_idle: bool) -> Result<RunSummary, WriteError> {
+        let r = self.loop_steps(until_idle);
+        self.ended();
+        r
+    }
+
+    fn loop_steps(&self, until_idle: bool) -> Result<RunSummary, WriteError> {
         let mut sched = self.sched.lock().unwrap_or_else(|p| p.into_inner());
         let mut inbox = Inbox::default();
         let mut grace_end: Option<Instant> = None;
@@ -420,8 +486,13 @@ impl Engine {
             if stopping && sched.in_flight() == 0 {
                 break;
             }
-            let queued = self.store.queued_total();
+            // Tasks for other nodes wait for their node: not for this one.
+            let elsewhere = self.store.placed_among(sched.elsewhere());
+            let queued = self.store.queued_total().saturating_sub(elsewhere);
             if until_idle && sched.in_flight() == 0 && queued == 0 {
+                if elsewhere > 0 {
+                    log::info!("idle; {elsewhere} task(s) for other nodes are left waiting");
+                }
                 break;
             }
             let now = self.store.clock().now_ms();

@@ -5,7 +5,9 @@
 //! atomic write and one flush. Nothing is handed to the pool before the
 //! write that records its start is durable.
 //!
-//! Invariants kept here: a queue runs at most its head task; a failed head
+//! Invariants kept here: a queue runs at most its head task (its first task
+//! for this node: tasks for other nodes keep their places and are passed
+//! over, see `routing`); a failed head
 //! stays at the head until its retry time; a repeating head starts at most
 //! once per `REPEAT_INTERVAL`; a group parent's queue waits for
 //! every child; a finished task leaves its queue in the same write that
@@ -24,7 +26,7 @@
 //! - `attempt.rs`: the worker side of one attempt;
 //! - `live.rs`: the attempts running now (output so far, cancel signal).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -35,6 +37,7 @@ use crate::engine::EngineConfig;
 use crate::engine::handler::{Handlers, Outcome};
 use crate::engine::live::{Captured, LiveAttempts};
 use crate::engine::status::QueueActivity;
+use crate::routing::Node;
 use crate::store::WriteError;
 
 /// The target of every line the scheduler logs, whichever of its files logs
@@ -142,6 +145,12 @@ pub struct Scheduler {
     /// The attempts running now (shared with the engine's readers).
     pub(super) live: Arc<LiveAttempts>,
     pub(super) cancels: Cancels,
+    /// This node (see `routing`).
+    pub(super) node: Node,
+    /// Tasks found not to be for this node: skipped without reading them
+    /// again (a task's target and tags never change). Ids are never reused,
+    /// so an id that left its queue is only a stale entry.
+    pub(super) elsewhere: HashSet<u64>,
 }
 
 /// What the scheduler needs from the engine for one step.
@@ -153,19 +162,34 @@ pub struct StepEnv<'a> {
 }
 
 impl Scheduler {
+    /// A scheduler for a node without a name or tags: it runs only tasks
+    /// without a target or tags.
     pub fn new() -> Self {
+        Scheduler::for_node(Node::default())
+    }
+
+    /// A scheduler that runs the tasks meant for `node`.
+    pub fn for_node(node: Node) -> Self {
         Scheduler {
             queues: BTreeMap::new(),
             in_flight: 0,
             tally: Tally::default(),
             live: Arc::new(LiveAttempts::default()),
             cancels: Cancels::default(),
+            node,
+            elsewhere: HashSet::new(),
         }
     }
 
     /// The attempts running now, for readers outside the loop.
     pub fn live(&self) -> Arc<LiveAttempts> {
         self.live.clone()
+    }
+
+    /// The tasks found not to be for this node (some may have left their
+    /// queues since).
+    pub fn elsewhere(&self) -> &HashSet<u64> {
+        &self.elsewhere
     }
 
     /// Jobs handed to the pool and not yet back.

@@ -5,7 +5,9 @@ use serde::{Deserialize, Serialize};
 
 use super::{Ctx, OpError};
 use crate::report::{Place, TaskRow};
+use crate::routing::Node;
 use crate::store::CorruptRecord;
+use crate::task::{Status, Task};
 
 /// Which tasks `task list` shows. Empty lists select everything.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -25,10 +27,13 @@ pub struct TaskFilter {
     pub until_ms: Option<u64>,
     /// A name pattern: `*` any run of characters, `?` one character.
     pub name: Option<String>,
+    /// Only tasks targeted at one of these nodes (their target names it):
+    /// what an export to that node takes.
+    pub targets: Vec<String>,
 }
 
 /// The status words a filter accepts.
-pub const STATUS_WORDS: [&str; 9] = [
+pub const STATUS_WORDS: [&str; 10] = [
     "queued",
     "running",
     "succeeded",
@@ -38,6 +43,7 @@ pub const STATUS_WORDS: [&str; 9] = [
     "waiting",
     "live",
     "history",
+    "elsewhere",
 ];
 
 impl TaskFilter {
@@ -63,6 +69,11 @@ impl TaskFilter {
             && self.since_ms.is_none_or(|t| when >= t)
             && self.until_ms.is_none_or(|t| when <= t)
             && self.name.as_deref().is_none_or(|p| glob(p, &row.name))
+            && (self.targets.is_empty()
+                || self
+                    .targets
+                    .iter()
+                    .any(|n| Node::is_target(row.target.as_deref(), n)))
     }
 }
 
@@ -80,13 +91,16 @@ pub fn task_list(ctx: &Ctx<'_>, filter: &TaskFilter) -> Result<Vec<TaskRow>, OpE
             positions.insert(id, i + 1);
         }
     }
+    let node = node_of(ctx);
     let mut rows = Vec::new();
     for t in store.live_tasks() {
         let t = t.map_err(corrupt)?;
-        let row = match positions.get(&t.id) {
+        let waiting_for = node.as_ref().and_then(|n| not_here(n, &t));
+        let mut row = match positions.get(&t.id) {
             Some(p) => TaskRow::new(t, Place::Queue, Some(*p)),
             None => TaskRow::new(t, Place::Waiting, None),
         };
+        row.waiting_for = waiting_for;
         rows.push(row);
     }
     for t in store.history() {
@@ -94,6 +108,26 @@ pub fn task_list(ctx: &Ctx<'_>, filter: &TaskFilter) -> Result<Vec<TaskRow>, OpE
     }
     rows.retain(|r| filter.selects(r));
     Ok(rows)
+}
+
+/// This node: the running daemon's, or, without a daemon, that of the last
+/// daemon that ran on the data dir (it records it at start). None if none
+/// did: nothing is then said about routing.
+pub(super) fn node_of(ctx: &Ctx<'_>) -> Option<Node> {
+    match (ctx.engine, ctx.store) {
+        (Some(e), _) => Some(e.config().routing()),
+        (None, Some(s)) => s.node().ok().flatten(),
+        (None, None) => None,
+    }
+}
+
+/// Why a waiting task does not run on `node` (`for node edge-2`, `needs
+/// tag gpu`), if it does not.
+fn not_here(node: &Node, t: &Task) -> Option<String> {
+    if t.status != Status::Queued {
+        return None;
+    }
+    node.accepts(t).err().map(|why| why.to_string())
 }
 
 fn corrupt(c: CorruptRecord) -> OpError {

@@ -12,6 +12,7 @@
 
 mod attempts;
 mod list;
+mod metrics;
 mod tasks;
 
 use serde::{Deserialize, Serialize};
@@ -25,6 +26,7 @@ use crate::task::TaskSpec;
 
 pub use attempts::{task_cancel, task_log, task_output};
 pub use list::{STATUS_WORDS, TaskFilter, glob, task_list};
+pub use metrics::metrics;
 pub use tasks::{enqueue, enqueue_batch, queue_list, task_remove, task_retry, task_show};
 
 /// What kind of failure an operation met; it decides the exit code and the
@@ -248,6 +250,9 @@ pub enum Request {
     TaskCancel {
         id: u64,
     },
+    /// Every metric family (`berth metrics`); a struct variant for the
+    /// reason `QueueList` is one.
+    Metrics {},
 }
 
 /// What a request does to the data dir, for a command that opens it itself.
@@ -272,7 +277,8 @@ impl Request {
             | Request::TaskShow { .. }
             | Request::TaskList { .. }
             | Request::TaskLog { .. }
-            | Request::TaskOutput { .. } => Access::Read,
+            | Request::TaskOutput { .. }
+            | Request::Metrics {} => Access::Read,
         }
     }
 }
@@ -311,5 +317,6 @@ pub fn execute(ctx: &Ctx<'_>, req: Request) -> Result<Value, OpError> {
             stderr_from,
         } => task_output(ctx, id, attempt, stdout_from, stderr_from),
         Request::TaskCancel { id } => task_cancel(ctx, id).map(|ids| json!(ids)),
+        Request::Metrics {} => metrics(ctx).map(|families| json!(families)),
     }
 }

@@ -12,6 +12,7 @@ use crate::budget::Budget;
 use crate::clock::SharedClock;
 use crate::codec;
 use crate::store::attempts::AttemptLog;
+use crate::store::counters::Counting;
 use crate::store::durability::{Durability, GroupCommit};
 use crate::store::error::WriteError;
 use crate::store::error::{CorruptRecord, ReadError};
@@ -77,6 +78,8 @@ pub(crate) struct Inner {
     pub order: Order,
     pub next_id: u64,
     pub next_seq: u64,
+    /// Every kind's counters as of the last commit (see `counters`).
+    pub counting: Counting,
 }
 
 pub struct Store {
@@ -262,9 +265,18 @@ impl Store {
     pub fn recovered(&self) -> &[u64] {
         &self.recovered
     }
+    /// Every kind's counters and where counting began (see `counters`).
+    pub fn counting(&self) -> Counting {
+        self.lock_inner().counting.clone()
+    }
     /// Flushes done so far (group commit makes this far fewer than commits).
     pub fn flush_count(&self) -> u64 {
         self.commit.flushes()
+    }
+
+    /// How long the flushes of this process took.
+    pub fn flush_stats(&self) -> crate::store::durability::FlushStats {
+        self.commit.flush_stats()
     }
 
     /// The current value of a key: a pending write if there is one, else the tree's.
@@ -478,9 +490,39 @@ impl Store {
         self.lock_inner().order.queue_of(id).map(str::to_string)
     }
 
+    /// The node of the last daemon that ran on this data dir (see
+    /// [`Store::set_node`]), if one said.
+    pub fn node(&self) -> Result<Option<crate::routing::Node>, ReadError> {
+        self.read_record(keys::META_NODE)
+    }
+
+    /// Records this daemon's node (name and tags), made durable now, so
+    /// that commands without a daemon can say which tasks are not for it.
+    pub fn set_node(&self, node: &crate::routing::Node) -> Result<(), WriteError> {
+        if self.node().ok().flatten().as_ref() == Some(node) {
+            return Ok(());
+        }
+        if let Some(why) = self.failure() {
+            return Err(WriteError::Failed(why));
+        }
+        if let Err(e) = self.tree.insert(keys::META_NODE, codec::encode(node)) {
+            self.failed.fail(&self.tree, &e);
+            return Err(e.into());
+        }
+        self.flush_now().map_err(WriteError::Flush)
+    }
+
     /// Tasks placed in queues, in all.
     pub fn queued_total(&self) -> usize {
         self.lock_inner().order.total()
+    }
+
+    /// How many of `ids` are placed in queues (read under one lock).
+    pub fn placed_among<'a>(&self, ids: impl IntoIterator<Item = &'a u64>) -> usize {
+        let inner = self.lock_inner();
+        ids.into_iter()
+            .filter(|id| inner.order.queue_of(**id).is_some())
+            .count()
     }
 }
 

@@ -32,6 +32,8 @@ struct State {
     flushing: bool,
     /// Flushes done (for tests and metrics).
     flushes: u64,
+    /// How long they took.
+    flush_stats: FlushStats,
     /// Transactions begun but not yet published or dropped.
     in_flight: usize,
 }
@@ -102,10 +104,13 @@ impl GroupCommit {
                 }
                 let target = st.written;
                 drop(st);
+                let began = std::time::Instant::now();
                 let result = flush();
+                let took = began.elapsed();
                 st = self.state.lock().unwrap_or_else(|p| p.into_inner());
                 st.flushing = false;
                 st.flushes += 1;
+                st.flush_stats.record(took, result.is_ok());
                 if result.is_ok() {
                     st.durable = st.durable.max(target);
                 }
@@ -136,6 +141,60 @@ impl GroupCommit {
 
     pub fn flushes(&self) -> u64 {
         self.state.lock().unwrap_or_else(|p| p.into_inner()).flushes
+    }
+
+    /// How long the flushes took (for metrics).
+    pub fn flush_stats(&self) -> FlushStats {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .flush_stats
+            .clone()
+    }
+}
+
+/// The upper bounds of the flush duration histogram's buckets, in seconds.
+pub const FLUSH_BOUNDS: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// The durations of the flushes since the store was opened (sled's flush
+/// and berth's fsyncs), in memory.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FlushStats {
+    pub count: u64,
+    pub failed: u64,
+    pub sum_seconds: f64,
+    /// Per bucket of [`FLUSH_BOUNDS`], not cumulative; then those above.
+    pub buckets: [u64; FLUSH_BOUNDS.len() + 1],
+}
+
+impl FlushStats {
+    fn record(&mut self, took: Duration, ok: bool) {
+        let s = took.as_secs_f64();
+        let i = FLUSH_BOUNDS
+            .iter()
+            .position(|b| s <= *b)
+            .unwrap_or(FLUSH_BOUNDS.len());
+        self.buckets[i] += 1;
+        self.count += 1;
+        self.sum_seconds += s;
+        if !ok {
+            self.failed += 1;
+        }
+    }
+
+    /// Cumulative counts per bound (without `+Inf`).
+    pub fn cumulative(&self) -> Vec<(f64, u64)> {
+        let mut total = 0;
+        FLUSH_BOUNDS
+            .iter()
+            .zip(self.buckets)
+            .map(|(b, n)| {
+                total += n;
+                (*b, total)
+            })
+            .collect()
     }
 }
 

@@ -104,6 +104,18 @@ pub enum EventKind {
     Cancelled {
         id: u64,
     },
+    // 12 is taken by work in progress (`Expired`). This placeholder keeps
+    // `Merged` at 13 until it lands in its place; nothing writes it, and a
+    // log that holds one does not replay.
+    #[doc(hidden)]
+    Reserved12,
+    /// An enqueue with the task's compaction key was merged into it while it
+    /// waited: the task takes the newer payload and keeps everything else
+    /// (its id, its place, its counts). See `compaction`.
+    Merged {
+        id: u64,
+        payload: Blob,
+    },
 }
 
 impl EventKind {
@@ -121,14 +133,20 @@ impl EventKind {
             | EventKind::Retried { id, .. }
             | EventKind::AttemptLogged { id, .. }
             | EventKind::Cancelled { id }
+            | EventKind::Merged { id, .. }
             | EventKind::MovedToHistory { id, .. } => *id,
+            EventKind::Reserved12 => 0,
         }
     }
 
     /// New work, which the disk-space guard refuses while space is short
-    /// (see `health`): a task added or a dead letter put back.
+    /// (see `health`): a task added, a dead letter put back, an enqueue
+    /// merged into a waiting task.
     pub fn is_new_work(&self) -> bool {
-        matches!(self, EventKind::Enqueued { .. } | EventKind::Retried { .. })
+        matches!(
+            self,
+            EventKind::Enqueued { .. } | EventKind::Retried { .. } | EventKind::Merged { .. }
+        )
     }
 
     pub fn name(&self) -> &'static str {
@@ -145,6 +163,8 @@ impl EventKind {
             EventKind::MovedToHistory { .. } => "moved-to-history",
             EventKind::AttemptLogged { .. } => "attempt-logged",
             EventKind::Cancelled { .. } => "cancelled",
+            EventKind::Merged { .. } => "merged",
+            EventKind::Reserved12 => "reserved",
         }
     }
 }
@@ -156,12 +176,14 @@ pub fn apply(task: &mut Task, at: u64, kind: &EventKind) {
     match kind {
         EventKind::Enqueued { .. }
         | EventKind::Removed { .. }
-        | EventKind::AttemptLogged { .. } => {}
+        | EventKind::AttemptLogged { .. }
+        | EventKind::Reserved12 => {}
         EventKind::Cancelled { .. } => {
             task.status = Status::Cancelled;
             task.retry_at = None;
             task.finished_at = Some(at);
         }
+        EventKind::Merged { payload, .. } => task.payload = payload.clone(),
         EventKind::Placed { queue, .. } => task.queue = queue.clone(),
         EventKind::Started { .. } => {
             task.status = Status::Running;

@@ -11,6 +11,7 @@
 //! | `e` seq:u64                           | commit record         |
 //! | `q` queue-name 0x00 position:i64(*)   | task id:u64           |
 //! | `o` id:u64 attempt:u32                | attempt log           |
+//! | `c` kind                              | that kind's counters  |
 //!
 //! (*) positions are stored with the sign bit flipped so that negative
 //! positions sort before positive ones.
@@ -27,15 +28,23 @@ pub const QUEUE: u8 = b'q';
 /// held the oldest commit records, which can be megabytes: sled rewrote
 /// them, as blobs, at every step, and the engine ran at half speed.)
 pub const ATTEMPT: u8 = b'o';
+/// Counters per task kind (see `counters`).
+pub const COUNTER: u8 = b'c';
 
 pub const META_FORMAT: &[u8] = b"mformat";
 /// The key (first event number) of a commit record up to which every record's
 /// key writes are in the tree; open re-applies the records after it.
 pub const META_APPLIED: &[u8] = b"mapplied";
+/// The event where counting began (see `counters`).
+pub const META_COUNTED: &[u8] = b"mcounted";
 
 /// The number of parallel queues the last daemon ran (so that a data dir
 /// read without a daemon lists the same queues).
 pub const META_PARALLEL: &[u8] = b"mparallel";
+
+/// The node (name and tags) of the last daemon that ran on the data dir,
+/// so that a data dir read without a daemon says which tasks are not for it.
+pub const META_NODE: &[u8] = b"mnode";
 
 /// The on-disk layout version (the key layout above; the record framing has its own byte).
 pub const STORE_FORMAT: u64 = 2;
@@ -84,6 +93,14 @@ pub fn parse_attempt_key(key: &[u8]) -> Option<(u64, u32)> {
     let mut b = [0u8; 4];
     b.copy_from_slice(&key[9..]);
     Some((id, u32::from_be_bytes(b)))
+}
+
+/// The key of a kind's counters.
+pub fn counter_key(kind: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(kind.len() + 1);
+    k.push(COUNTER);
+    k.extend_from_slice(kind.as_bytes());
+    k
 }
 
 fn pos_bytes(pos: i64) -> [u8; 8] {

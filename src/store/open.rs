@@ -10,7 +10,8 @@
 //! 4. [`check_format`]: `mformat`, or a new store (format, mark, marker).
 //! 5. [`reapply`]: every commit record after the applied mark, in order;
 //!    `next_id` and `next_seq` from the last one.
-//! 6. [`load_order`]: the queue order index from the `q` keys.
+//! 6. [`load_order`]: the queue order index from the `q` keys; and
+//!    [`load_counts`]: the counters from the `c` keys.
 //! 7. `Store::open` starts the applier (and the batched flusher), then
 //!    [`Store::recover`]s tasks that were running.
 //!
@@ -24,13 +25,14 @@ use std::time::{Duration, Instant};
 use crate::clock::SharedClock;
 use crate::codec;
 use crate::store::attempts::AttemptLog;
+use crate::store::counters::{Counting, KindCounts};
 use crate::store::db::{Inner, Options, Store};
 use crate::store::durability::{Durability, GroupCommit};
 use crate::store::error::{CorruptRecord, OpenError, WriteError};
 use crate::store::event::{CommitRecord, INTERRUPTED};
 use crate::store::files::{self, DbFiles};
 use crate::store::health::Failed;
-use crate::store::keys::{self, EVENT, HISTORY, QUEUE, TASK};
+use crate::store::keys::{self, COUNTER, EVENT, HISTORY, QUEUE, TASK};
 use crate::store::lock::{DirLock, Holder, LockError, Role};
 use crate::store::order::Order;
 use crate::store::overlay::{self, Overlay};
@@ -409,11 +411,47 @@ fn load_order(o: &Opening<'_>, corrupt: &mut Vec<CorruptRecord>) -> Result<Order
     Ok(order)
 }
 
+/// Step 6, continued: every kind's counters from the `c` keys, and the
+/// event where counting began (`mcounted`; without it, counting begins
+/// with the next event). A corrupt record is reported, and its kind counts
+/// again from zero.
+fn load_counts(
+    o: &Opening<'_>,
+    next_seq: u64,
+    corrupt: &mut Vec<CorruptRecord>,
+) -> Result<Counting, OpenError> {
+    let mut counting = Counting {
+        since: next_seq,
+        ..Counting::default()
+    };
+    if let Some(v) = o.tree.get(keys::META_COUNTED).map_err(|e| o.db(e))? {
+        match codec::decode::<u64>(&v) {
+            Ok(since) => {
+                counting.since = since;
+                counting.stored = true;
+            }
+            Err(e) => corrupt.push(CorruptRecord::new(keys::META_COUNTED, e)),
+        }
+    }
+    for item in o.tree.scan_prefix([COUNTER]) {
+        let (k, v) = item.map_err(|e| o.db(e))?;
+        let kind = String::from_utf8_lossy(&k[1..]).into_owned();
+        match codec::decode::<KindCounts>(&v) {
+            Ok(c) => {
+                counting.counts.insert(kind, c);
+            }
+            Err(e) => corrupt.push(CorruptRecord::new(&k, e)),
+        }
+    }
+    Ok(counting)
+}
+
 /// What steps 4 to 6 read from the tree.
 struct Loaded {
     files: Arc<DbFiles>,
     replayed: Replayed,
     order: Order,
+    counting: Counting,
     corrupt: Vec<CorruptRecord>,
 }
 
@@ -463,10 +501,12 @@ impl Store {
             let mut corrupt = Vec::new();
             let replayed = reapply(&o, format, &mut corrupt)?;
             let order = load_order(&o, &mut corrupt)?;
+            let counting = load_counts(&o, replayed.next_seq, &mut corrupt)?;
             Ok(Loaded {
                 files,
                 replayed,
                 order,
+                counting,
                 corrupt,
             })
         })
@@ -515,6 +555,7 @@ impl Store {
             files,
             replayed,
             order,
+            counting,
             corrupt,
         } = loaded;
         let overlay = Arc::new(Overlay::new(replayed.last_record));
@@ -540,6 +581,7 @@ impl Store {
                 order,
                 next_id: replayed.next_id,
                 next_seq: replayed.next_seq,
+                counting,
             }),
             commit,
             clock,

@@ -112,6 +112,17 @@ impl Order {
         self.at.len()
     }
 
+    /// The task right behind `id` in its queue (None at the tail, or when
+    /// `id` is in no queue): walks a queue without copying it.
+    pub fn next_after(&self, id: u64) -> Option<u64> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let (queue, pos) = self.at.get(&id)?;
+        let q = self.queues.get(queue)?;
+        q.range((Excluded(*pos), Unbounded))
+            .next()
+            .map(|(_, id)| *id)
+    }
+
     /// Adds `id` to `queue` at `placement`.
     pub fn place(
         &mut self,
@@ -293,6 +304,11 @@ mod tests {
         assert_eq!(o.ids("main"), vec![3, 4, 1, 5, 2]);
         assert_eq!(o.head("main"), Some(3));
         assert_eq!(o.len("main"), 5);
+        // Walking from the head gives the same order.
+        let walk: Vec<u64> =
+            std::iter::successors(o.head("main"), |id| o.next_after(*id)).collect();
+        assert_eq!(walk, vec![3, 4, 1, 5, 2]);
+        assert_eq!(o.next_after(99), None);
     }
 
     #[test]

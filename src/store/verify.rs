@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 
 use crate::store::Store;
 use crate::store::attempts::{self, AttemptLog};
+use crate::store::counters::{self, Counts};
 use crate::store::error::CorruptRecord;
 use crate::store::event::{self, Event, EventKind};
 use crate::store::order::Placement;
@@ -27,6 +28,10 @@ pub struct Model {
     pub attempts: BTreeMap<(u64, u32), AttemptLog>,
     /// The sequence number of the last event applied.
     pub last_seq: u64,
+    /// The counters of the events from `count_from` on (see `counters`).
+    pub counts: Counts,
+    /// The first event counted (0 or 1: all).
+    pub count_from: u64,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -115,6 +120,19 @@ impl Model {
             anchor,
             queue: queue.to_string(),
         };
+        if ev.seq >= self.count_from {
+            let before = match &ev.kind {
+                EventKind::Enqueued { task, .. } => Some(&**task),
+                _ => self.live.get(&id).or_else(|| self.history.get(&id)),
+            };
+            if let Some(task) = before {
+                let ticks = counters::ticks(task, ev.at, &ev.kind);
+                if !ticks.is_empty() {
+                    let kind = task.kind.clone();
+                    counters::apply(self.counts.entry(kind).or_default(), ticks);
+                }
+            }
+        }
         match &ev.kind {
             EventKind::Enqueued { task, placement } => {
                 if self.live.contains_key(&id) || self.history.contains_key(&id) {
@@ -198,11 +216,23 @@ impl Model {
     }
 }
 
-/// Rebuilds the state from a sequence of events.
+/// Rebuilds the state from a sequence of events (counting them all).
 pub fn replay(
     events: impl IntoIterator<Item = Result<Event, CorruptRecord>>,
 ) -> Result<Model, ReplayError> {
-    let mut m = Model::default();
+    replay_counting(events, 0)
+}
+
+/// Rebuilds the state from a sequence of events, counting those from event
+/// `count_from` on.
+pub fn replay_counting(
+    events: impl IntoIterator<Item = Result<Event, CorruptRecord>>,
+    count_from: u64,
+) -> Result<Model, ReplayError> {
+    let mut m = Model {
+        count_from,
+        ..Model::default()
+    };
     for ev in events {
         m.apply(&ev?)?;
     }
@@ -211,8 +241,11 @@ pub fn replay(
 
 /// The state as the store holds it, in the model's shape.
 pub fn current(store: &Store) -> Result<Model, CorruptRecord> {
+    let counting = store.counting();
     let mut m = Model {
         last_seq: store.next_seq() - 1,
+        counts: counting.counts,
+        count_from: counting.since,
         ..Model::default()
     };
     for t in store.live_tasks() {
@@ -236,7 +269,7 @@ pub fn current(store: &Store) -> Result<Model, CorruptRecord> {
 /// Replays the store's whole log and lists where it disagrees with the state.
 /// An empty list means they agree.
 pub fn verify(store: &Store) -> Result<Vec<String>, ReplayError> {
-    let model = replay(store.events_from(1))?;
+    let model = replay_counting(store.events_from(1), store.counting().since)?;
     let state = current(store)?;
     let mut diffs = Vec::new();
     if model.last_seq != state.last_seq {
@@ -248,6 +281,7 @@ pub fn verify(store: &Store) -> Result<Vec<String>, ReplayError> {
     diff_maps("live task", &model.live, &state.live, &mut diffs);
     diff_maps("finished task", &model.history, &state.history, &mut diffs);
     diff_attempts(&model.attempts, &state.attempts, &mut diffs);
+    diffs.extend(counters::diff(&model.counts, &state.counts));
     let names: std::collections::BTreeSet<_> =
         model.queues.keys().chain(state.queues.keys()).collect();
     for q in names {

@@ -23,6 +23,7 @@ use std::sync::MutexGuard;
 use crate::budget::Blob;
 use crate::codec;
 use crate::store::attempts::{self, AttemptLog};
+use crate::store::counters::{self, KindCounts};
 use crate::store::db::{Inner, Store};
 use crate::store::error::{CorruptRecord, WriteError};
 use crate::store::event::{self, CommitRecord, Event, EventKind, KeyWrite};
@@ -74,6 +75,9 @@ pub struct WriteTxn<'s> {
     attempt_sets: BTreeMap<u64, BTreeSet<u32>>,
     /// Attempt-log key writes, by key (the last one for a key wins).
     attempt_writes: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    /// The counts of the kinds this transaction's events touched (see
+    /// `counters`), written with it.
+    counts: BTreeMap<String, KindCounts>,
 }
 
 /// What [`WriteTxn::cancel`] did, and what it waits for.
@@ -106,6 +110,7 @@ impl<'s> WriteTxn<'s> {
             reserve: false,
             attempt_sets: BTreeMap::new(),
             attempt_writes: BTreeMap::new(),
+            counts: BTreeMap::new(),
         }
     }
 
@@ -198,6 +203,11 @@ impl<'s> WriteTxn<'s> {
         self.inner().order.queue_of(id).map(str::to_string)
     }
 
+    /// The task right behind `id` in its queue, as this transaction sees it.
+    pub fn next_in_queue(&mut self, id: u64) -> Option<u64> {
+        self.inner().order.next_after(id)
+    }
+
     /// The length of a queue, as this transaction sees it.
     pub fn queue_len(&mut self, queue: &str) -> usize {
         self.inner().order.len(queue)
@@ -217,6 +227,23 @@ impl<'s> WriteTxn<'s> {
         let seq = self.next_seq;
         let at = self.now;
         let id = kind.task_id();
+        let (task_kind, ticks) = match &kind {
+            EventKind::Enqueued { task, .. } => {
+                (task.kind.clone(), counters::ticks(task, at, &kind))
+            }
+            _ => {
+                let task = self.slot(id)?.task.as_ref().expect("present");
+                (task.kind.clone(), counters::ticks(task, at, &kind))
+            }
+        };
+        if !ticks.is_empty() {
+            if !self.counts.contains_key(&task_kind) {
+                let c = self.inner().counting.counts.get(&task_kind).cloned();
+                self.counts.insert(task_kind.clone(), c.unwrap_or_default());
+            }
+            let c = self.counts.get_mut(&task_kind).expect("inserted above");
+            counters::apply(c, ticks);
+        }
         if matches!(kind, EventKind::AttemptLogged { .. }) {
             self.slot(id)?;
         } else if !matches!(kind, EventKind::Enqueued { .. } | EventKind::Removed { .. }) {
@@ -357,6 +384,42 @@ impl<'s> WriteTxn<'s> {
             message,
             delay_ms,
         })
+    }
+
+    /// Merges an enqueue into a waiting task (compaction, see `compaction`):
+    /// the task takes `payload` and keeps everything else. The task must be
+    /// live and queued (not running), and still fit the size budget.
+    pub fn merge(&mut self, id: u64, payload: Blob) -> Result<(), WriteError> {
+        self.expect_status(id, Status::Queued, "merge into it")?;
+        let mut merged = self.task(id)?.clone();
+        merged.payload = payload;
+        let size = codec::encode(&merged).len();
+        let budget = self.store.budget().max_object;
+        if size > budget {
+            return Err(WriteError::Budget(crate::budget::BudgetError::TooLarge {
+                what: "record",
+                size,
+                compressed: merged.payload.compressed,
+                budget,
+            }));
+        }
+        self.push_event(EventKind::Merged {
+            id,
+            payload: merged.payload,
+        })
+    }
+
+    /// A copy of the task as this transaction sees it, read without keeping
+    /// it in the transaction (for scans over many tasks); `None` if it does
+    /// not exist.
+    pub fn peek(&mut self, id: u64) -> Result<Option<Task>, WriteError> {
+        if let Some(slot) = self.slots.get(&id) {
+            return Ok(slot.task.clone());
+        }
+        match self.read(TASK, id)? {
+            Some(t) => Ok(Some(t)),
+            None => self.read(HISTORY, id),
+        }
     }
 
     /// Puts a task back to waiting without counting a failure.
@@ -652,6 +715,12 @@ impl<'s> WriteTxn<'s> {
                 value: value.clone(),
             });
         }
+        for (kind, c) in &self.counts {
+            writes.push(KeyWrite {
+                key: keys::counter_key(kind),
+                value: Some(codec::encode(c)),
+            });
+        }
         writes
     }
 
@@ -671,9 +740,19 @@ impl<'s> WriteTxn<'s> {
             return Err(WriteError::ReadOnly);
         }
         let first_seq = self.events[0].seq;
+        let mut writes = self.key_writes();
+        let counting_anew = !self.counts.is_empty();
+        let counting = &self.inner().counting;
+        let count_since = (counting_anew && !counting.stored).then_some(counting.since);
+        if let Some(since) = count_since {
+            writes.push(KeyWrite {
+                key: keys::META_COUNTED.to_vec(),
+                value: Some(codec::encode(&since)),
+            });
+        }
         let record = CommitRecord {
             next_id: self.next_id,
-            writes: self.key_writes(),
+            writes,
             events: std::mem::take(&mut self.events),
         };
         let bytes = codec::encode(&record);
@@ -695,9 +774,12 @@ impl<'s> WriteTxn<'s> {
             events,
         };
         let (next_id, next_seq) = (self.next_id, self.next_seq);
+        let counts = std::mem::take(&mut self.counts);
         let inner = self.inner();
         inner.next_id = next_id;
         inner.next_seq = next_seq;
+        inner.counting.stored |= count_since.is_some();
+        inner.counting.counts.extend(counts);
         self.undo.clear();
         self.inner = None; // release the write lock before waiting for the disk
         self.store.wait_durable(ticket)?;
