@@ -375,7 +375,10 @@ fn every_command_answers_the_same_with_and_without_a_daemon() {
             {"queue":"other","kind":"Work","name":"y","weight":5}]"#,
     )
     .expect("batch");
-    compare(&a, &b, &["enqueue", "--batch", &batch.to_string_lossy()]);
+    // A batch of one group prints its parent's id; its children follow it.
+    let grouped = compare(&a, &b, &["enqueue", "--batch", &batch.to_string_lossy()]);
+    let parent: u64 = stdout(&grouped).trim().parse().expect("the group's id");
+    let (p, c1, c2) = (parent.to_string(), parent + 1, parent + 2);
     std::fs::write(
         &batch,
         r#"[{"queue":"other","kind":"Work","name":"ok"},{"queue":"other"}]"#,
@@ -387,11 +390,12 @@ fn every_command_answers_the_same_with_and_without_a_daemon() {
             .code(),
         Some(2)
     );
-    let batch_ids = stdout(&berth(&a, &["task", "show", "12", "-o", "json"]));
+    let batch_ids = stdout(&berth(&a, &["task", "show", &p, "-o", "json"]));
     assert!(
-        batch_ids.contains("\"children\": [\n    13,\n    14\n  ]"),
+        batch_ids.contains(&format!("\"children\": [\n    {c1},\n    {c2}\n  ]")),
         "{batch_ids}"
     );
+    let child = c1.to_string();
     for (args, code) in [
         (&["task", "remove", "5"][..], 1), // a group child alone: refused
         (&["task", "remove", "4"], 0),     // its parent, with the children
@@ -402,20 +406,22 @@ fn every_command_answers_the_same_with_and_without_a_daemon() {
         (&["task", "retry", "8"], 0), // the dead letter
         // Cancel: refused for what is missing, finished or a group child.
         (&["task", "cancel", "99"], 1),
-        (&["task", "cancel", "13"], 1),
+        (&["task", "cancel", &child], 1),
         (&["task", "cancel", "3"], 0), // a queued task
         (&["task", "cancel", "3"], 1), // now finished
         (&["task", "log", "3"], 0),
     ] {
         assert_eq!(compare(&a, &b, args).status.code(), Some(code), "{args:?}");
     }
-    let o = compare(&a, &b, &["task", "cancel", "12"]); // a waiting group
-    assert_eq!(stdout(&o), "cancelled 13 14 12\n");
-    let o = compare(&a, &b, &["task", "remove", "12"]);
+    let o = compare(&a, &b, &["task", "cancel", &p]); // a waiting group
+    assert_eq!(stdout(&o), format!("cancelled {c1} {c2} {p}\n"));
+    let o = compare(&a, &b, &["task", "remove", &p]);
     assert_eq!(
         stderr(&o),
-        "berth: task 12 is finished (cancelled); removing it deletes its record and its \
-         attempt logs: add --history to do that (berth task remove 12 --history)\n"
+        format!(
+            "berth: task {p} is finished (cancelled); removing it deletes its record and its \
+             attempt logs: add --history to do that (berth task remove {p} --history)\n"
+        )
     );
     compare(&a, &b, &["queue", "list", "-o", "json"]);
     compare(&a, &b, &["metrics"]);

@@ -194,7 +194,11 @@ fn evict_longest_idle(slots: &mut Slots) -> bool {
         .filter_map(|s| s.idle_since.map(|t| (t, s)))
         .min_by_key(|(t, _)| *t);
     match victim {
-        Some((_, s)) => {
+        Some((since, s)) => {
+            log::debug!(
+                "control socket: closing a connection idle for {:?} to make room",
+                since.elapsed()
+            );
             s.evicted = true;
             shutdown(s.fd, libc::SHUT_RD);
             true
@@ -206,13 +210,7 @@ fn evict_longest_idle(slots: &mut Slots) -> bool {
 /// Whether a connection's socket has something to read now (see
 /// [`Slot::fd`]; called under the slots lock).
 fn readable(fd: RawFd) -> bool {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: poll(2) on one valid pollfd, without waiting.
-    unsafe { libc::poll(&mut p, 1, 0) > 0 }
+    poll_in(fd, Duration::ZERO)
 }
 
 /// Shuts one or both directions of a connection's socket (see [`Slot::fd`]).
@@ -443,14 +441,20 @@ fn refuse(stream: UnixStream, message: &str) {
 
 /// Waits until the listener has a connection to accept, at most `timeout`.
 fn wait_readable(listener: &UnixListener, timeout: Duration) {
-    let mut fd = libc::pollfd {
-        fd: listener.as_raw_fd(),
+    poll_in(listener.as_raw_fd(), timeout);
+}
+
+/// Waits until `fd` has something to read (or its peer closed), at most
+/// `timeout`; whether it has.
+fn poll_in(fd: RawFd, timeout: Duration) -> bool {
+    let mut p = libc::pollfd {
+        fd,
         events: libc::POLLIN,
         revents: 0,
     };
     let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
     // SAFETY: poll(2) on one valid pollfd that lives across the call.
-    unsafe { libc::poll(&mut fd, 1, ms) };
+    unsafe { libc::poll(&mut p, 1, ms) > 0 }
 }
 
 /// The bytes of a connection's unfinished request line, counted against
@@ -536,6 +540,21 @@ fn serve_connection(shared: &Shared, id: u64, stream: &UnixStream, engine: &Engi
             }
             return;
         }
+        if idle {
+            // An idle connection waits for bytes first and is marked busy
+            // before it reads them: the server only evicts connections
+            // that are idle and have nothing to read (see
+            // `evict_longest_idle`), so it never takes one whose request
+            // is being read.
+            if !poll_in(stream.as_raw_fd(), TICK) {
+                if shared.stopping() {
+                    return;
+                }
+                continue;
+            }
+            shared.set_idle(id, false);
+            idle = false;
+        }
         let n = match reader.read(&mut buf) {
             Ok(0) => return, // closed by the client, or shut by an eviction or a stop
             Ok(n) => n,
@@ -548,10 +567,6 @@ fn serve_connection(shared: &Shared, id: u64, stream: &UnixStream, engine: &Engi
             Err(e) if e.kind() == ErrorKind::Interrupted => continue,
             Err(_) => return,
         };
-        if idle {
-            shared.set_idle(id, false);
-            idle = false;
-        }
         match take_lines(&buf[..n], &mut line, stream, engine) {
             Taken::Close => return,
             Taken::Answered => deadline = Instant::now() + limits.idle_timeout,

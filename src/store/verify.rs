@@ -109,6 +109,31 @@ impl Model {
     /// Checks everything before it changes anything.
     fn apply_kind(&mut self, ev: &Event) -> Result<(), ReplayError> {
         let id = ev.kind.task_id();
+        // The counters an event ticks are taken from the task as it was
+        // before the event, and applied only once the event is accepted.
+        let mut ticked = None;
+        if ev.seq >= self.count_from {
+            let before = match &ev.kind {
+                EventKind::Enqueued { task, .. } => Some(&**task),
+                _ => self.live.get(&id).or_else(|| self.history.get(&id)),
+            };
+            if let Some(task) = before {
+                let ticks = counters::ticks(task, ev.at, &ev.kind);
+                if !ticks.is_empty() {
+                    ticked = Some((task.kind.clone(), ticks));
+                }
+            }
+        }
+        self.apply_change(ev)?;
+        if let Some((kind, ticks)) = ticked {
+            counters::apply(self.counts.entry(kind).or_default(), ticks);
+        }
+        Ok(())
+    }
+
+    /// Checks the event against the model and applies it, or changes nothing.
+    fn apply_change(&mut self, ev: &Event) -> Result<(), ReplayError> {
+        let id = ev.kind.task_id();
         let unknown = || ReplayError::UnknownTask {
             seq: ev.seq,
             kind: ev.kind.name(),
@@ -120,19 +145,6 @@ impl Model {
             anchor,
             queue: queue.to_string(),
         };
-        if ev.seq >= self.count_from {
-            let before = match &ev.kind {
-                EventKind::Enqueued { task, .. } => Some(&**task),
-                _ => self.live.get(&id).or_else(|| self.history.get(&id)),
-            };
-            if let Some(task) = before {
-                let ticks = counters::ticks(task, ev.at, &ev.kind);
-                if !ticks.is_empty() {
-                    let kind = task.kind.clone();
-                    counters::apply(self.counts.entry(kind).or_default(), ticks);
-                }
-            }
-        }
         match &ev.kind {
             EventKind::Enqueued { task, placement } => {
                 if self.live.contains_key(&id) || self.history.contains_key(&id) {
