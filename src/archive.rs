@@ -83,6 +83,27 @@ pub fn write_segment(
     last_seq: u64,
     records: &[Vec<u8>],
 ) -> io::Result<PathBuf> {
+    write_file(
+        dir,
+        &segment_name(first_seq),
+        MAGIC,
+        first_seq,
+        last_seq,
+        records,
+    )
+}
+
+/// Writes a file of this layout (with its own `magic`; `checkpoint.rs`
+/// uses it too) as `dir/name`, durably: a temporary name, fsync, rename,
+/// fsync of the folder.
+pub(crate) fn write_file(
+    dir: &Path,
+    name: &str,
+    magic: &[u8; 8],
+    first_seq: u64,
+    last_seq: u64,
+    records: &[Vec<u8>],
+) -> io::Result<PathBuf> {
     fs::create_dir_all(dir)?;
     let mut raw = Vec::with_capacity(records.iter().map(|r| r.len() + 4).sum());
     for r in records {
@@ -91,7 +112,7 @@ pub fn write_segment(
     }
     let packed = zstd::bulk::compress(&raw, LEVEL)?;
     let mut out = Vec::with_capacity(HEADER + packed.len() + 4);
-    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(magic);
     out.extend_from_slice(&VERSION.to_le_bytes());
     out.extend_from_slice(&0u16.to_le_bytes());
     out.extend_from_slice(&first_seq.to_le_bytes());
@@ -102,8 +123,8 @@ pub fn write_segment(
     out.extend_from_slice(&packed);
     let crc = crc32fast::hash(&out);
     out.extend_from_slice(&crc.to_le_bytes());
-    let path = dir.join(segment_name(first_seq));
-    let tmp = dir.join(format!(".{}.tmp", segment_name(first_seq)));
+    let path = dir.join(name);
+    let tmp = dir.join(format!(".{name}.tmp"));
     {
         let mut f = File::create(&tmp)?;
         f.write_all(&out)?;
@@ -127,7 +148,11 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
 }
 
 /// Checks a segment's header (only) and says what it holds.
-fn parse_header(path: &Path, bytes: &[u8]) -> Result<(SegmentInfo, u64, u64), ArchiveError> {
+fn parse_header(
+    path: &Path,
+    magic: &[u8; 8],
+    bytes: &[u8],
+) -> Result<(SegmentInfo, u64, u64), ArchiveError> {
     let invalid = |why: String| ArchiveError::Invalid {
         path: path.to_path_buf(),
         why,
@@ -135,8 +160,11 @@ fn parse_header(path: &Path, bytes: &[u8]) -> Result<(SegmentInfo, u64, u64), Ar
     if bytes.len() < HEADER + 4 {
         return Err(invalid(format!("{} bytes is too short", bytes.len())));
     }
-    if &bytes[..8] != MAGIC {
-        return Err(invalid("no BERTHSEG magic".into()));
+    if &bytes[..8] != magic {
+        return Err(invalid(format!(
+            "no {} magic",
+            String::from_utf8_lossy(magic)
+        )));
     }
     let version = u16::from_le_bytes([bytes[8], bytes[9]]);
     if version != VERSION {
@@ -181,24 +209,7 @@ fn parse_header(path: &Path, bytes: &[u8]) -> Result<(SegmentInfo, u64, u64), Ar
 
 /// Reads and checks one segment: its commit records, in order.
 pub fn read_segment(path: &Path) -> Result<(SegmentInfo, Vec<CommitRecord>), ArchiveError> {
-    let bytes = fs::read(path).map_err(|source| ArchiveError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let (info, raw_len, _) = parse_header(path, &bytes)?;
-    let raw =
-        zstd::bulk::decompress(&bytes[HEADER..bytes.len() - 4], raw_len as usize).map_err(|e| {
-            ArchiveError::Invalid {
-                path: path.to_path_buf(),
-                why: format!("its records do not decompress: {e}"),
-            }
-        })?;
-    if raw.len() as u64 != raw_len {
-        return Err(ArchiveError::Invalid {
-            path: path.to_path_buf(),
-            why: format!("{} bytes decompressed, {raw_len} expected", raw.len()),
-        });
-    }
+    let (info, raw) = read_file(path, MAGIC)?;
     let slices = split_records(path, &raw, info.records)?;
     let records = slices
         .par_iter()
@@ -214,8 +225,36 @@ pub fn read_segment(path: &Path) -> Result<(SegmentInfo, Vec<CommitRecord>), Arc
     Ok((info, records))
 }
 
+/// Reads a file of this layout with `magic`, checked whole before it
+/// inflates: its header and its records' bytes (split them with
+/// [`split_records`]).
+pub(crate) fn read_file(
+    path: &Path,
+    magic: &[u8; 8],
+) -> Result<(SegmentInfo, Vec<u8>), ArchiveError> {
+    let bytes = fs::read(path).map_err(|source| ArchiveError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let (info, raw_len, _) = parse_header(path, magic, &bytes)?;
+    let raw =
+        zstd::bulk::decompress(&bytes[HEADER..bytes.len() - 4], raw_len as usize).map_err(|e| {
+            ArchiveError::Invalid {
+                path: path.to_path_buf(),
+                why: format!("its records do not decompress: {e}"),
+            }
+        })?;
+    if raw.len() as u64 != raw_len {
+        return Err(ArchiveError::Invalid {
+            path: path.to_path_buf(),
+            why: format!("{} bytes decompressed, {raw_len} expected", raw.len()),
+        });
+    }
+    Ok((info, raw))
+}
+
 /// Cuts the decompressed records apart by their length prefixes.
-fn split_records<'a>(
+pub(crate) fn split_records<'a>(
     path: &Path,
     mut raw: &'a [u8],
     count: u32,

@@ -13,6 +13,7 @@ use crate::backoff::Backoff;
 use crate::budget::{Budget, MAX_OBJECT_CEILING};
 use crate::engine::EngineConfig;
 use crate::engine::command::{CommandHandler, CommandSpec};
+use crate::retention::Retention;
 use crate::store::Durability;
 use crate::task::check_name;
 use crate::units::{parse_duration, parse_size};
@@ -38,6 +39,8 @@ struct Raw {
     #[serde(default)]
     metrics: RawMetrics,
     #[serde(default)]
+    retention: RawRetention,
+    #[serde(default)]
     handlers: BTreeMap<String, Spanned<RawHandler>>,
 }
 
@@ -46,6 +49,18 @@ struct Raw {
 struct RawMetrics {
     textfile: Option<Spanned<String>>,
     interval: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields, expecting = "a [retention] table")]
+struct RawRetention {
+    history: Option<Spanned<String>>,
+    history_max: Option<Spanned<usize>>,
+    log_age: Option<Spanned<String>>,
+    log_size: Option<Spanned<String>>,
+    archive_age: Option<Spanned<String>>,
+    archive_size: Option<Spanned<String>>,
+    every: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -97,6 +112,8 @@ pub struct Config {
     pub handlers: BTreeMap<String, CommandHandler>,
     /// Where and how often the daemon writes its metrics (`[metrics]`).
     pub metrics: MetricsConfig,
+    /// What the daemon keeps of the history, the log and the archive.
+    pub retention: Retention,
 }
 
 /// `[metrics]`: the daemon writes `berth metrics` to `textfile` (for
@@ -361,6 +378,7 @@ impl Config {
                 crate::store::DEFAULT_DISK_RESERVE as usize,
             )? as u64,
             metrics: cx.metrics(&raw.metrics, &base)?,
+            retention: cx.retention(&raw.retention)?,
             handlers: cx.handlers(&raw, &base, &budget)?,
             budget,
             engine,
@@ -489,6 +507,46 @@ impl Ctx<'_> {
             }
         };
         Ok(MetricsConfig { textfile, interval })
+    }
+
+    /// `[retention]`: durations and sizes more than zero; `every` at least 1s.
+    fn retention(&self, r: &RawRetention) -> Result<Retention, ConfigError> {
+        let d = Retention::default();
+        let size = |v: &Option<Spanned<String>>, key: &str, default: u64| {
+            let n = self.size(v, key, default as usize)? as u64;
+            if n == 0 {
+                return Err(self.err(spanned(v), key, "must be more than 0"));
+            }
+            Ok(n)
+        };
+        let history_max = match &r.history_max {
+            None => d.history_max,
+            Some(n) if *n.get_ref() == 0 => {
+                return Err(self.err(
+                    Some(n.span()),
+                    "retention.history_max",
+                    "must be more than 0",
+                ));
+            }
+            Some(n) => *n.get_ref(),
+        };
+        let every = self.positive_duration(&r.every, "retention.every", d.every)?;
+        if every < Duration::from_secs(1) {
+            return Err(self.err(spanned(&r.every), "retention.every", "must be at least 1s"));
+        }
+        Ok(Retention {
+            history_age: self.positive_duration(&r.history, "retention.history", d.history_age)?,
+            history_max,
+            log_age: self.positive_duration(&r.log_age, "retention.log_age", d.log_age)?,
+            log_size: size(&r.log_size, "retention.log_size", d.log_size)?,
+            archive_age: self.positive_duration(
+                &r.archive_age,
+                "retention.archive_age",
+                d.archive_age,
+            )?,
+            archive_size: size(&r.archive_size, "retention.archive_size", d.archive_size)?,
+            every,
+        })
     }
 
     /// One command handler per `[handlers.KIND]` table.

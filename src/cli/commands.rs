@@ -260,16 +260,25 @@ fn check(s: &Session) -> Result<(), CliError> {
 fn verify(s: &Session) -> Result<(), CliError> {
     let opts = s.options(Access::Read);
     let store = Store::open(s.dir(), opts, berth::clock::system()).map_err(OpError::from)?;
-    let diffs = berth::store::verify::verify(&store)
+    let diffs = berth::retention::verify(&store)
         .map_err(|e| CliError::runtime(format!("replaying the log: {e}")))?;
     let corrupt = store.corrupt_records();
     for c in corrupt {
         eprintln!("berth: {c}");
     }
     if diffs.is_empty() && corrupt.is_empty() {
+        let (start, last) = (store.log_start().unwrap_or(1), store.next_seq() - 1);
+        let from = if start > 1 {
+            format!(
+                " (events {start} to {last}, from the checkpoint of event {})",
+                start - 1
+            )
+        } else {
+            String::new()
+        };
         return out(&format!(
-            "ok: {} events replayed; the log agrees with the state\n",
-            store.next_seq() - 1
+            "ok: {} events replayed{from}; the log agrees with the state\n",
+            last + 1 - start
         ));
     }
     for d in &diffs {

@@ -15,6 +15,7 @@ use berth::config::Config;
 use berth::control;
 use berth::engine::{Engine, Handlers, RunSummary};
 use berth::ops::{self, Ctx};
+use berth::retention::{PassReport, Retention};
 use berth::store::{Options, Role, Store};
 use berth::submit;
 use berth::task::TaskSpec;
@@ -151,6 +152,9 @@ fn serve_and_run(
         scope.spawn(move || server.serve(scope, listener, engine));
         let (done, finished) = mpsc::channel::<()>();
         let service = scope.spawn(move || service(engine, config, finished));
+        let (retention_done, retention_finished) = mpsc::channel::<()>();
+        let retention =
+            scope.spawn(move || retention(engine, &config.retention, retention_finished));
         notify(&format!(
             "READY=1\nSTATUS=serving {} (node {})",
             dir.display(),
@@ -163,7 +167,9 @@ fn serve_and_run(
         };
         server.stop();
         drop(done);
+        drop(retention_done);
         let _ = service.join();
+        let _ = retention.join();
         r
     })
     .map_err(|e| match engine.store().failure() {
@@ -183,6 +189,34 @@ fn serve_and_run(
         }
         None => CliError::runtime(format!("the engine stopped: {e}")),
     })
+}
+
+/// The daemon's retention thread (`retention.rs`): one pass at the start
+/// and every `every` until `finished` closes. A failed pass is logged and
+/// tried again at the next one; it never stops the daemon.
+fn retention(engine: &Engine, r: &Retention, finished: mpsc::Receiver<()>) {
+    loop {
+        let started = Instant::now();
+        match berth::retention::pass(engine.store(), r) {
+            Ok(done) if done != PassReport::default() => log::info!(
+                "retention pass in {:?}: {} finished tasks removed, {} log records archived, \
+                 checkpoint {}, {} archive segments and {} checkpoints deleted",
+                started.elapsed(),
+                done.pruned,
+                done.archived_records,
+                done.checkpoint
+                    .map_or("none".to_string(), |s| format!("of event {s}")),
+                done.segments_deleted,
+                done.checkpoints_deleted
+            ),
+            Ok(_) => {}
+            Err(e) => log::warn!("retention pass failed (tried again in {:?}): {e}", r.every),
+        }
+        match finished.recv_timeout(r.every) {
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            _ => break,
+        }
+    }
 }
 
 /// How often the service thread looks at the stop flag and the clock.

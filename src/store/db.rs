@@ -358,7 +358,10 @@ impl Store {
 
     /// Every key that starts with `prefix` and its current value, in key
     /// order (pending writes win over the tree's).
-    fn scan_raw(&self, prefix: &[u8]) -> Vec<(Vec<u8>, Result<sled::IVec, CorruptRecord>)> {
+    pub(super) fn scan_raw(
+        &self,
+        prefix: &[u8],
+    ) -> Vec<(Vec<u8>, Result<sled::IVec, CorruptRecord>)> {
         // Pending writes first, so a key the applier writes meanwhile is read
         // with a value at least as new as the one it had when the scan began.
         let mut pending = self.overlay.prefix(prefix).into_iter().peekable();

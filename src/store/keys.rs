@@ -38,6 +38,10 @@ pub const META_APPLIED: &[u8] = b"mapplied";
 /// The event where counting began (see `counters`).
 pub const META_COUNTED: &[u8] = b"mcounted";
 
+/// The first event the store's log still holds (absent: 1). The events
+/// before it are in a checkpoint (`checkpoint.rs`) and the archive.
+pub const META_LOG_START: &[u8] = b"mlogstart";
+
 /// The number of parallel queues the last daemon ran (so that a data dir
 /// read without a daemon lists the same queues).
 pub const META_PARALLEL: &[u8] = b"mparallel";

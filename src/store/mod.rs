@@ -16,6 +16,7 @@ mod open;
 pub mod order;
 mod overlay;
 mod panics;
+mod snapshot;
 pub mod verify;
 mod write;
 
@@ -28,4 +29,5 @@ pub use health::{DEFAULT_RESERVE as DEFAULT_DISK_RESERVE, SpaceError, free_bytes
 pub use lock::Role;
 pub use order::Placement;
 pub use panics::catch as catch_panic;
+pub use snapshot::{LogRecord, Snapshot};
 pub use write::{Cancellation, WriteTxn};

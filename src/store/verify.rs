@@ -17,7 +17,7 @@ use crate::store::order::Placement;
 use crate::task::Task;
 
 /// The state the log describes.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, bincode::Encode, bincode::Decode)]
 pub struct Model {
     pub live: BTreeMap<u64, Task>,
     pub history: BTreeMap<u64, Task>,
@@ -38,6 +38,12 @@ pub struct Model {
 pub enum ReplayError {
     #[error(transparent)]
     Corrupt(#[from] CorruptRecord),
+    #[error(
+        "the store's log starts at event {start}: the state before it comes from the checkpoint \
+         of event {}, which is needed to replay it",
+        start - 1
+    )]
+    NeedsCheckpoint { start: u64 },
     #[error("event {found} follows event {previous}; the log has a gap or is out of order")]
     Gap { previous: u64, found: u64 },
     #[error("event {seq} ({kind}) is about task {id}, which the log does not know at that point")]
@@ -279,9 +285,33 @@ pub fn current(store: &Store) -> Result<Model, CorruptRecord> {
 }
 
 /// Replays the store's whole log and lists where it disagrees with the state.
-/// An empty list means they agree.
+/// An empty list means they agree. A log that was cut needs its checkpoint:
+/// see [`verify_from`].
 pub fn verify(store: &Store) -> Result<Vec<String>, ReplayError> {
-    let model = replay_counting(store.events_from(1), store.counting().since)?;
+    verify_from(store, None)
+}
+
+/// [`verify`], replaying the log from `start`, the state at the event
+/// before the log's first (a checkpoint's model); `None` for a log that
+/// begins at event 1.
+pub fn verify_from(store: &Store, start: Option<Model>) -> Result<Vec<String>, ReplayError> {
+    let log_start = store.log_start()?;
+    let model = match start {
+        None if log_start > 1 => return Err(ReplayError::NeedsCheckpoint { start: log_start }),
+        None => replay_counting(store.events_from(1), store.counting().since)?,
+        Some(mut m) => {
+            if m.last_seq + 1 != log_start {
+                return Err(ReplayError::Gap {
+                    previous: m.last_seq,
+                    found: log_start,
+                });
+            }
+            for ev in store.events_from(log_start) {
+                m.apply(&ev?)?;
+            }
+            m
+        }
+    };
     let state = current(store)?;
     let mut diffs = Vec::new();
     if model.last_seq != state.last_seq {

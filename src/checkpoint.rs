@@ -1,0 +1,289 @@
+//! Checkpoints: the whole state (live tasks, history, queue order, attempt
+//! logs, counters, next task id) as of one event, in a file under
+//! `DIR/checkpoints/`. The store's log can only be cut after a checkpoint:
+//! `verify` and replay start from the checkpoint at the log's start, and
+//! replay of the archive from the newest checkpoint at or before where it
+//! begins.
+//!
+//! A checkpoint file, `ckpt-<event, 20 digits>.bck`, has the archive
+//! segment's layout (`archive.rs`: header, one zstd frame of length-
+//! prefixed codec records, CRC-32) with the magic `BERTHCKP`; both event
+//! numbers in its header are the checkpoint's event. Its records are
+//! [`Entry`]s: first a `Head`, then every live task, every finished task,
+//! each queue's ids in order (in chunks), every attempt log and every
+//! kind's counters. The state comes from [`Store::snapshot`], which holds
+//! no lock while it reads (see `store/snapshot.rs`).
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use bincode::{Decode, Encode};
+
+use crate::archive::{self, ArchiveError};
+use crate::codec;
+use crate::store::counters::KindCounts;
+use crate::store::verify::Model;
+use crate::store::{AttemptLog, Snapshot};
+use crate::task::Task;
+
+/// The folder of a data dir's checkpoints.
+pub const DIR: &str = "checkpoints";
+const MAGIC: &[u8; 8] = b"BERTHCKP";
+/// Queue ids per `Queue` entry.
+const QUEUE_CHUNK: usize = 8192;
+
+/// One record of a checkpoint file.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+enum Entry {
+    Head {
+        last_seq: u64,
+        next_id: u64,
+        count_from: u64,
+    },
+    Live(Task),
+    History(Task),
+    /// The next ids of a queue, in order.
+    Queue {
+        name: String,
+        ids: Vec<u64>,
+    },
+    Attempt {
+        id: u64,
+        attempt: u32,
+        log: AttemptLog,
+    },
+    Counts {
+        kind: String,
+        counts: KindCounts,
+    },
+}
+
+/// The checkpoint file name for event `seq`.
+pub fn file_name(seq: u64) -> String {
+    format!("ckpt-{seq:020}.bck")
+}
+
+/// The checkpoints folder of a data dir.
+pub fn dir_of(data_dir: &Path) -> PathBuf {
+    data_dir.join(DIR)
+}
+
+/// Writes `snap` as a checkpoint of `data_dir`, durably; its path.
+pub fn write(data_dir: &Path, snap: &Snapshot) -> io::Result<PathBuf> {
+    let m = &snap.model;
+    let mut records = vec![codec::encode(&Entry::Head {
+        last_seq: m.last_seq,
+        next_id: snap.next_id,
+        count_from: m.count_from,
+    })];
+    records.extend(
+        m.live
+            .values()
+            .map(|t| codec::encode(&Entry::Live(t.clone()))),
+    );
+    records.extend(
+        m.history
+            .values()
+            .map(|t| codec::encode(&Entry::History(t.clone()))),
+    );
+    for (name, ids) in &m.queues {
+        for chunk in ids.chunks(QUEUE_CHUNK) {
+            records.push(codec::encode(&Entry::Queue {
+                name: name.clone(),
+                ids: chunk.to_vec(),
+            }));
+        }
+    }
+    for ((id, attempt), log) in &m.attempts {
+        records.push(codec::encode(&Entry::Attempt {
+            id: *id,
+            attempt: *attempt,
+            log: log.clone(),
+        }));
+    }
+    for (kind, counts) in &m.counts {
+        records.push(codec::encode(&Entry::Counts {
+            kind: kind.clone(),
+            counts: counts.clone(),
+        }));
+    }
+    archive::write_file(
+        &dir_of(data_dir),
+        &file_name(m.last_seq),
+        MAGIC,
+        m.last_seq,
+        m.last_seq,
+        &records,
+    )
+}
+
+/// Reads and checks one checkpoint file.
+pub fn read(path: &Path) -> Result<Snapshot, ArchiveError> {
+    let (info, raw) = archive::read_file(path, MAGIC)?;
+    let slices = archive::split_records(path, &raw, info.records)?;
+    let bad = |index: usize, why: String| ArchiveError::Record {
+        path: path.to_path_buf(),
+        index,
+        why,
+    };
+    let mut model = Model::default();
+    let mut next_id = None;
+    for (index, r) in slices.iter().enumerate() {
+        let entry: Entry = codec::decode(r).map_err(|e| bad(index, e.to_string()))?;
+        match entry {
+            Entry::Head {
+                last_seq,
+                next_id: n,
+                count_from,
+            } if index == 0 => {
+                if last_seq != info.last_seq {
+                    return Err(bad(
+                        index,
+                        format!(
+                            "it is the state after event {last_seq}, the header says {}",
+                            info.last_seq
+                        ),
+                    ));
+                }
+                model.last_seq = last_seq;
+                model.count_from = count_from;
+                next_id = Some(n);
+            }
+            Entry::Head { .. } => return Err(bad(index, "a second head".into())),
+            _ if index == 0 => return Err(bad(index, "no head first".into())),
+            Entry::Live(t) => {
+                model.live.insert(t.id, t);
+            }
+            Entry::History(t) => {
+                model.history.insert(t.id, t);
+            }
+            Entry::Queue { name, ids } => model.queues.entry(name).or_default().extend(ids),
+            Entry::Attempt { id, attempt, log } => {
+                model.attempts.insert((id, attempt), log);
+            }
+            Entry::Counts { kind, counts } => {
+                model.counts.insert(kind, counts);
+            }
+        }
+    }
+    let next_id = next_id.ok_or_else(|| bad(0, "no head".into()))?;
+    Ok(Snapshot { model, next_id })
+}
+
+/// The checkpoints of a data dir, oldest first, by the event each is of
+/// (from their names; files of other names are ignored).
+pub fn list(data_dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
+    let mut out = Vec::new();
+    let entries = match std::fs::read_dir(dir_of(data_dir)) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(e),
+    };
+    for e in entries {
+        let path = e?.path();
+        let seq = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix("ckpt-"))
+            .and_then(|n| n.strip_suffix(".bck"))
+            .filter(|n| n.len() == 20)
+            .and_then(|n| n.parse::<u64>().ok());
+        if let Some(seq) = seq {
+            out.push((seq, path));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The checkpoint of event `seq`, if there is one.
+pub fn path_of(data_dir: &Path, seq: u64) -> Option<PathBuf> {
+    let p = dir_of(data_dir).join(file_name(seq));
+    p.exists().then_some(p)
+}
+
+/// The newest checkpoint at or before event `seq`, if any.
+pub fn newest_at_or_before(data_dir: &Path, seq: u64) -> io::Result<Option<(u64, PathBuf)>> {
+    Ok(list(data_dir)?.into_iter().rev().find(|(s, _)| *s <= seq))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::budget::Blob;
+    use crate::task::Status;
+
+    fn task(id: u64, status: Status) -> Task {
+        Task {
+            id,
+            kind: "K".into(),
+            queue: "main".into(),
+            name: format!("t{id}"),
+            description: None,
+            weight: None,
+            payload: Blob::from_json(
+                "payload",
+                &serde_json::json!({"n": id}),
+                &Default::default(),
+            )
+            .expect("a payload"),
+            tags: Vec::new(),
+            target: None,
+            compaction_key: None,
+            failures: 0,
+            attempts: 0,
+            last_failure: None,
+            status,
+            queued_at: 1,
+            started_at: None,
+            finished_at: None,
+            retry_at: None,
+            parent: None,
+            children: Vec::new(),
+            result: None,
+        }
+    }
+
+    fn snapshot() -> Snapshot {
+        let mut m = Model {
+            last_seq: 42,
+            count_from: 1,
+            ..Model::default()
+        };
+        for id in 1..=20_000u64 {
+            m.live.insert(id, task(id, Status::Queued));
+        }
+        m.history.insert(30_000, task(30_000, Status::Succeeded));
+        m.queues.insert("main".into(), (1..=20_000).collect());
+        m.counts.insert("K".into(), KindCounts::default());
+        Snapshot {
+            model: m,
+            next_id: 30_001,
+        }
+    }
+
+    #[test]
+    fn a_checkpoint_reads_back_whole_and_damage_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let snap = snapshot();
+        let path = write(dir.path(), &snap).unwrap();
+        assert_eq!(path, dir.path().join(DIR).join(file_name(42)));
+        assert_eq!(read(&path).unwrap(), snap);
+        assert_eq!(list(dir.path()).unwrap(), vec![(42, path.clone())]);
+        assert_eq!(newest_at_or_before(dir.path(), 41).unwrap(), None);
+        assert_eq!(
+            newest_at_or_before(dir.path(), 100).unwrap(),
+            Some((42, path.clone()))
+        );
+        let good = std::fs::read(&path).unwrap();
+        for at in [0, 9, 13, 30, good.len() / 2, good.len() - 1] {
+            let mut bad = good.clone();
+            bad[at] ^= 0x10;
+            std::fs::write(&path, &bad).unwrap();
+            assert!(read(&path).is_err(), "a flip at {at} was read");
+        }
+        std::fs::write(&path, &good[..good.len() - 7]).unwrap();
+        let e = read(&path).unwrap_err().to_string();
+        assert!(e.contains("ckpt-"), "{e}");
+    }
+}

@@ -1,0 +1,251 @@
+//! The whole state as of one event, read without stopping writers (for
+//! checkpoints), and the store's log as retention sees it: its records'
+//! sizes and times, taking the oldest out once they are archived.
+//!
+//! A snapshot is a *fuzzy* read repaired by redo: it notes the next event
+//! number `s0` (under the write lock, so every commit record that begins
+//! before `s0` is whole in the overlay or the tree), scans every state key
+//! without any lock while commits go on, then notes the next event number
+//! `s1` and re-applies, in order, the key writes of every commit record that
+//! begins in `s0 .. s1`. A key that no such record wrote did not change
+//! during the scan, so the scan read its value as of `s1 - 1`; a key that one
+//! did gets its last written value from the redo. The result is exactly the
+//! state after event `s1 - 1`. The write lock is held only to read the two
+//! event numbers.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+
+use crate::codec;
+use crate::store::attempts::AttemptLog;
+use crate::store::counters::KindCounts;
+use crate::store::db::Store;
+use crate::store::error::CorruptRecord;
+use crate::store::event::CommitRecord;
+use crate::store::keys::{self, ATTEMPT, COUNTER, EVENT, HISTORY, QUEUE, TASK};
+use crate::store::verify::Model;
+use crate::task::Task;
+
+/// The state after event `model.last_seq`, and the next task id then.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    pub model: Model,
+    pub next_id: u64,
+}
+
+/// One commit record of the store's log, as retention sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogRecord {
+    /// Its first and last event numbers.
+    pub first_seq: u64,
+    pub last_seq: u64,
+    /// When its last event happened (ms since the epoch).
+    pub at: u64,
+    /// Its size as stored.
+    pub bytes: u64,
+}
+
+/// The prefixes of the keys that hold the state (not the log, not meta).
+const STATE: [u8; 5] = [TASK, HISTORY, QUEUE, ATTEMPT, COUNTER];
+
+impl Store {
+    /// The state after the last committed event, read while commits go on
+    /// (see the module doc), and made durable first: a checkpoint written
+    /// from it never holds an event a crash could still take back.
+    pub fn snapshot(&self) -> Result<Snapshot, CorruptRecord> {
+        let s0 = self.next_seq();
+        let mut state: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+        for prefix in STATE {
+            for (k, v) in self.scan_raw(&[prefix]) {
+                state.insert(k, v?.to_vec());
+            }
+        }
+        let counted = self
+            .get_raw(keys::META_COUNTED)
+            .map_err(|e| CorruptRecord::new(keys::META_COUNTED, e))?;
+        let (s1, next_id) = {
+            let inner = self.lock_inner();
+            (inner.next_seq, inner.next_id)
+        };
+        self.flush().map_err(|e| {
+            CorruptRecord::new(&[EVENT], format!("flushing before a snapshot: {e}"))
+        })?;
+        // Redo: the key writes of the records committed during the scan.
+        let range = (
+            Bound::Included(keys::id_key(EVENT, s0)),
+            Bound::Excluded(keys::id_key(EVENT, s1)),
+        );
+        for item in self.tree.range(range) {
+            let (k, v) = item.map_err(|e| CorruptRecord::new(&[EVENT], e))?;
+            let rec: CommitRecord = codec::decode(&v).map_err(|e| CorruptRecord::new(&k, e))?;
+            for w in rec.writes {
+                if !w.key.first().is_some_and(|p| STATE.contains(p)) {
+                    continue;
+                }
+                match w.value {
+                    Some(v) => state.insert(w.key, v),
+                    None => state.remove(&w.key),
+                };
+            }
+        }
+        let count_from = match counted {
+            Some(v) => {
+                codec::decode::<u64>(&v).map_err(|e| CorruptRecord::new(keys::META_COUNTED, e))?
+            }
+            None => self.counting().since,
+        };
+        let mut model = model_from_keys(state)?;
+        model.last_seq = s1 - 1;
+        model.count_from = count_from;
+        Ok(Snapshot { model, next_id })
+    }
+
+    /// The commit records of the log, oldest first, with their sizes and
+    /// times (each record is decoded to read them).
+    pub fn log_records(&self) -> Result<Vec<LogRecord>, CorruptRecord> {
+        let mut out = Vec::new();
+        for item in self.tree.scan_prefix([EVENT]) {
+            let (k, v) = item.map_err(|e| CorruptRecord::new(&[EVENT], e))?;
+            let rec: CommitRecord = codec::decode(&v).map_err(|e| CorruptRecord::new(&k, e))?;
+            let (Some(first), Some(last)) = (rec.events.first(), rec.events.last()) else {
+                return Err(CorruptRecord::new(&k, "a commit record without events"));
+            };
+            out.push(LogRecord {
+                first_seq: first.seq,
+                last_seq: last.seq,
+                at: last.at,
+                bytes: v.len() as u64,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The stored bytes of the commit records whose events are all at or
+    /// before `upto`, oldest first (as the codec framed them: what the
+    /// archive keeps).
+    pub fn log_bytes_upto(&self, upto: u64) -> Result<Vec<Vec<u8>>, CorruptRecord> {
+        let mut out = Vec::new();
+        for item in self
+            .tree
+            .range(keys::id_key(EVENT, 0)..=keys::id_key(EVENT, upto))
+        {
+            let (k, v) = item.map_err(|e| CorruptRecord::new(&[EVENT], e))?;
+            let rec: CommitRecord = codec::decode(&v).map_err(|e| CorruptRecord::new(&k, e))?;
+            if rec.events.last().is_some_and(|e| e.seq <= upto) {
+                out.push(v.to_vec());
+            }
+        }
+        Ok(out)
+    }
+
+    /// Takes out of the log every commit record whose events are all at or
+    /// before `upto`, in one atomic sled batch that also records the new
+    /// log start (`upto + 1`), and makes it durable. The caller has made
+    /// the records and the state at `upto` durable elsewhere first (archive
+    /// and checkpoint). Refused for records that are not yet applied to the
+    /// tree (open re-applies those) and for the log's last record. Returns
+    /// how many records went.
+    pub fn cut_log(&self, upto: u64) -> Result<usize, crate::store::WriteError> {
+        use crate::store::WriteError;
+        let mark = match self
+            .tree
+            .get(keys::META_APPLIED)
+            .map_err(WriteError::Database)?
+        {
+            Some(v) => codec::decode::<u64>(&v)
+                .map_err(|e| WriteError::Corrupt(CorruptRecord::new(keys::META_APPLIED, e)))?,
+            None => 0,
+        };
+        let last_key = self
+            .tree
+            .scan_prefix([EVENT])
+            .next_back()
+            .transpose()
+            .map_err(WriteError::Database)?
+            .map(|(k, _)| k.to_vec());
+        let mut batch = sled::Batch::default();
+        let mut n = 0;
+        for item in self
+            .tree
+            .range(keys::id_key(EVENT, 0)..=keys::id_key(EVENT, upto))
+        {
+            let (k, v) = item.map_err(WriteError::Database)?;
+            let first = keys::parse_id_key(&k).unwrap_or(u64::MAX);
+            if first >= mark || last_key.as_deref() == Some(&k[..]) {
+                break;
+            }
+            let rec: CommitRecord =
+                codec::decode(&v).map_err(|e| WriteError::Corrupt(CorruptRecord::new(&k, e)))?;
+            if rec.events.last().is_some_and(|e| e.seq > upto) {
+                break;
+            }
+            batch.remove(k);
+            n += 1;
+        }
+        if n == 0 {
+            return Ok(0);
+        }
+        batch.insert(keys::META_LOG_START, codec::encode(&(upto + 1)));
+        if let Some(reason) = self.failed.reason() {
+            return Err(WriteError::Failed(reason));
+        }
+        if self.is_read_only() {
+            return Err(WriteError::ReadOnly);
+        }
+        if let Err(e) = self.tree.apply_batch(batch) {
+            self.failed.fail(&self.tree, &e);
+            return Err(WriteError::Database(e));
+        }
+        self.flush_now().map_err(WriteError::Flush)?;
+        Ok(n)
+    }
+
+    /// The first event the store's log holds (1 until the log was cut).
+    pub fn log_start(&self) -> Result<u64, CorruptRecord> {
+        match self.tree.get(keys::META_LOG_START) {
+            Err(e) => Err(CorruptRecord::new(keys::META_LOG_START, e)),
+            Ok(None) => Ok(1),
+            Ok(Some(v)) => {
+                codec::decode::<u64>(&v).map_err(|e| CorruptRecord::new(keys::META_LOG_START, e))
+            }
+        }
+    }
+}
+
+/// The model of a set of state keys (see [`keys`]).
+fn model_from_keys(state: BTreeMap<Vec<u8>, Vec<u8>>) -> Result<Model, CorruptRecord> {
+    let mut m = Model::default();
+    for (k, v) in state {
+        let corrupt = |e: codec::CodecError| CorruptRecord::new(&k, e);
+        match k.first() {
+            Some(&TASK) | Some(&HISTORY) => {
+                let t: Task = codec::decode(&v).map_err(corrupt)?;
+                if k[0] == TASK {
+                    m.live.insert(t.id, t);
+                } else {
+                    m.history.insert(t.id, t);
+                }
+            }
+            Some(&QUEUE) => {
+                let (queue, _) = keys::parse_queue_key(&k)
+                    .ok_or_else(|| CorruptRecord::new(&k, "not a queue position key"))?;
+                let id: u64 = codec::decode(&v).map_err(corrupt)?;
+                // Keys come in order: by queue, then by position.
+                m.queues.entry(queue).or_default().push(id);
+            }
+            Some(&ATTEMPT) => {
+                let at = keys::parse_attempt_key(&k)
+                    .ok_or_else(|| CorruptRecord::new(&k, "not an attempt key"))?;
+                let log: AttemptLog = codec::decode(&v).map_err(corrupt)?;
+                m.attempts.insert(at, log);
+            }
+            Some(&COUNTER) => {
+                let kind = String::from_utf8_lossy(&k[1..]).into_owned();
+                let c: KindCounts = codec::decode(&v).map_err(corrupt)?;
+                m.counts.insert(kind, c);
+            }
+            _ => {}
+        }
+    }
+    Ok(m)
+}

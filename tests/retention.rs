@@ -1,0 +1,276 @@
+//! Retention: the history expires by age and count, the log is cut only
+//! after a checkpoint and moves to the archive, the archive is trimmed with
+//! its base moving forward, and `verify` stays clean through all of it and
+//! across a reopen; a real daemon prunes its history on its own.
+
+mod common;
+
+use std::time::Duration;
+
+use berth::archive;
+use berth::checkpoint;
+use berth::clock::FakeClock;
+use berth::retention::{self, Retention};
+use berth::store::verify::{self, Model, ReplayError};
+use berth::store::{EventKind, Placement, Store};
+use berth::submit;
+use berth::task::Status;
+use common::daemon::{Daemon, write_root};
+use common::{T0, berth, enqueue_id, open, spec, stdout, tempdir, wait_for};
+
+const DAY_MS: u64 = 24 * 3600 * 1000;
+
+/// Enqueues `n` tasks in `queue` and runs each to success, one commit per
+/// step as the engine does; their ids.
+fn run_tasks(store: &Store, clock: &FakeClock, queue: &str, n: usize) -> Vec<u64> {
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let mut s = spec(queue, &format!("t{i}"));
+        s.payload = serde_json::json!({"i": i, "pad": "x".repeat(200)});
+        let id = submit::enqueue_one(store, s, Placement::Last).expect("enqueue");
+        clock.advance_ms(10);
+        let mut w = store.write();
+        w.start(id).expect("start");
+        w.commit().expect("commit");
+        let mut w = store.write();
+        w.succeed(id, None).expect("succeed");
+        w.to_history(id, Status::Succeeded).expect("to history");
+        w.commit().expect("commit");
+        ids.push(id);
+    }
+    ids
+}
+
+/// The replayed model equals the store's state (a short message if not).
+fn assert_same(replayed: &Model, store: &Store) {
+    let state = verify::current(store).expect("the state");
+    let fields = [
+        ("live", replayed.live == state.live),
+        ("history", replayed.history == state.history),
+        ("queues", replayed.queues == state.queues),
+        ("attempts", replayed.attempts == state.attempts),
+        ("counts", replayed.counts == state.counts),
+        ("last_seq", replayed.last_seq == state.last_seq),
+        ("count_from", replayed.count_from == state.count_from),
+    ];
+    for (name, same) in fields {
+        assert!(
+            same,
+            "{name} differs (replayed: {} live, {} finished, last event {}, counting from {}; \
+             state: {} live, {} finished, last event {}, counting from {})",
+            replayed.live.len(),
+            replayed.history.len(),
+            replayed.last_seq,
+            replayed.count_from,
+            state.live.len(),
+            state.history.len(),
+            state.last_seq,
+            state.count_from
+        );
+    }
+}
+
+fn assert_clean(store: &Store) {
+    assert_eq!(
+        retention::verify(store).expect("verify"),
+        Vec::<String>::new()
+    );
+}
+
+/// Every event, from the archive (which begins at event 1 here) and the
+/// store's log.
+fn all_events(store: &Store) -> Vec<berth::store::Event> {
+    let segments = archive::list(&store.dir().join(archive::DIR)).expect("segments");
+    let mut out: Vec<_> = archive::read_all(&segments)
+        .expect("read the archive")
+        .into_iter()
+        .flat_map(|r| r.events)
+        .collect();
+    let next = out.last().map_or(1, |e| e.seq + 1);
+    out.extend(store.events_from(next).map(|e| e.expect("event")));
+    out
+}
+
+/// The state rebuilt from the archive's base (or event 1), its segments
+/// and the store's log, as `berth replay` does.
+fn replay_everything(store: &Store) -> Model {
+    let dir = store.dir();
+    let segments = archive::list(&dir.join(archive::DIR)).expect("segments");
+    let mut model = match segments.first() {
+        Some(s) if s.first_seq > 1 => {
+            let p = checkpoint::path_of(dir, s.first_seq - 1).expect("the archive's base");
+            checkpoint::read(&p).expect("base").model
+        }
+        _ => Model {
+            count_from: store.counting().since,
+            ..Model::default()
+        },
+    };
+    for rec in archive::read_all(&segments).expect("read the archive") {
+        for ev in &rec.events {
+            if ev.seq > model.last_seq {
+                model.apply(ev).expect("apply an archived event");
+            }
+        }
+    }
+    for ev in store.events_from(model.last_seq + 1) {
+        model.apply(&ev.expect("event")).expect("apply a log event");
+    }
+    model
+}
+
+#[test]
+fn history_expires_by_age_and_by_count_with_an_event() {
+    let dir = tempdir();
+    let clock = FakeClock::new(T0);
+    let store = open(dir.path(), &clock);
+    let old = run_tasks(&store, &clock, "main", 3);
+    clock.advance_ms(6 * DAY_MS);
+    let newer = run_tasks(&store, &clock, "main", 4);
+    let r = Retention {
+        history_max: 3,
+        ..Retention::default()
+    };
+    // Day 6: the count limit removes the oldest four (3 old, 1 newer).
+    let report = retention::pass(&store, &r).expect("pass");
+    assert_eq!(report.pruned, 4);
+    let kept: Vec<u64> = store.history().into_iter().map(|t| t.unwrap().id).collect();
+    assert_eq!(kept, newer[1..].to_vec());
+    // Day 8: the age limit (7 days) has nothing more (they are 2 days old).
+    clock.advance_ms(2 * DAY_MS);
+    assert_eq!(retention::pass(&store, &r).expect("pass").pruned, 0);
+    // Day 14: all of them are older than 7 days.
+    clock.advance_ms(6 * DAY_MS);
+    assert_eq!(retention::pass(&store, &r).expect("pass").pruned, 3);
+    assert!(store.history().is_empty());
+    // Each went with a `removed` event.
+    // (Some are in the archive by now: the log's default age is one day.)
+    let removed: Vec<u64> = all_events(&store)
+        .into_iter()
+        .filter_map(|e| match e.kind {
+            EventKind::Removed { id } => Some(id),
+            _ => None,
+        })
+        .collect();
+    let mut all = old.clone();
+    all.extend(&newer);
+    assert_eq!(removed, all);
+    assert_clean(&store);
+}
+
+#[test]
+fn the_log_is_cut_only_after_a_checkpoint_and_verify_stays_clean() {
+    let dir = tempdir();
+    let clock = FakeClock::new(T0);
+    let r = Retention {
+        log_size: 16 << 10,
+        ..Retention::default()
+    };
+    {
+        let store = open(dir.path(), &clock);
+        run_tasks(&store, &clock, "main", 100);
+        // Over the size limit, but no checkpoint yet: nothing is cut; a
+        // checkpoint is written for the next pass.
+        let first = retention::pass(&store, &r).expect("pass");
+        assert_eq!(first.cut_upto, None);
+        let ck = first.checkpoint.expect("a checkpoint");
+        assert_eq!(store.log_start().unwrap(), 1);
+        run_tasks(&store, &clock, "main", 100);
+        let second = retention::pass(&store, &r).expect("pass");
+        assert_eq!(second.cut_upto, Some(ck), "cut at the checkpoint");
+        assert!(second.archived_records > 0);
+        assert_eq!(store.log_start().unwrap(), ck + 1);
+        // The plain replay from event 1 cannot work any more, and says why.
+        assert_eq!(
+            verify::verify(&store),
+            Err(ReplayError::NeedsCheckpoint { start: ck + 1 })
+        );
+        assert_clean(&store);
+        // Archive + log rebuild the same state.
+        assert_same(&replay_everything(&store), &store);
+    }
+    // After a reopen: still clean, and new work keeps it so.
+    let store = open(dir.path(), &clock);
+    assert_clean(&store);
+    run_tasks(&store, &clock, "main", 50);
+    retention::pass(&store, &r).expect("pass");
+    assert_clean(&store);
+    assert_same(&replay_everything(&store), &store);
+    // The binary's verify says where it started.
+    drop(store);
+    let o = berth(dir.path(), &["verify"]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    assert!(
+        stdout(&o).contains("from the checkpoint of event"),
+        "{}",
+        stdout(&o)
+    );
+}
+
+#[test]
+fn the_archive_is_trimmed_and_its_base_moves_forward() {
+    let dir = tempdir();
+    let clock = FakeClock::new(T0);
+    let store = open(dir.path(), &clock);
+    let r = Retention {
+        log_size: 8 << 10,
+        archive_size: 24 << 10,
+        ..Retention::default()
+    };
+    let mut deleted = 0;
+    for _ in 0..12 {
+        run_tasks(&store, &clock, "main", 40);
+        deleted += retention::pass(&store, &r).expect("pass").segments_deleted;
+    }
+    assert!(deleted > 0, "no segment was deleted");
+    let segments = archive::list(&dir.path().join(archive::DIR)).unwrap();
+    let first = segments.first().expect("segments").first_seq;
+    assert!(first > 1);
+    // The base is there; checkpoints are few: the base, the log's start,
+    // and perhaps one newer.
+    assert!(checkpoint::path_of(dir.path(), first - 1).is_some());
+    let checkpoints = checkpoint::list(dir.path()).unwrap();
+    assert!(checkpoints.len() <= 3, "{checkpoints:?}");
+    let bytes: u64 = segments.iter().map(|s| s.bytes).sum();
+    assert!(bytes <= 24 << 10, "{bytes} bytes of segments");
+    assert_clean(&store);
+    assert_same(&replay_everything(&store), &store);
+}
+
+#[test]
+fn a_daemon_prunes_its_history_on_its_own() {
+    let root = tempdir();
+    write_root(
+        root.path(),
+        "#!/bin/sh\ncat >/dev/null\n",
+        "[retention]\nhistory_max = 2\nevery = \"1s\"\n[handlers.Sh]\ncommand = [\"./hook.sh\"]\n",
+    );
+    let mut d = Daemon::start_in(root.path());
+    let ids: Vec<u64> = (0..5)
+        .map(|i| {
+            enqueue_id(
+                &d.dir,
+                &[
+                    "--queue",
+                    "main",
+                    "--kind",
+                    "Sh",
+                    "--name",
+                    &format!("t{i}"),
+                ],
+            )
+        })
+        .collect();
+    let history = |dir: &std::path::Path| -> Vec<u64> {
+        let o = berth(dir, &["task", "list", "--status", "history", "-o", "json"]);
+        let rows: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).expect("json");
+        rows.iter().filter_map(|r| r["id"].as_u64()).collect()
+    };
+    wait_for("the history to keep the newest two", || {
+        history(&d.dir) == ids[3..].to_vec()
+    });
+    d.signal(libc::SIGTERM);
+    assert_eq!(d.wait_exit(Duration::from_secs(10)).0.code(), Some(0));
+    let o = berth(&d.dir, &["verify"]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+}
