@@ -274,3 +274,104 @@ fn a_daemon_prunes_its_history_on_its_own() {
     let o = berth(&d.dir, &["verify"]);
     assert!(o.status.success(), "{}", common::stderr(&o));
 }
+
+/// kill -9 of a daemon whose retention cuts its log every second, while
+/// clients enqueue: after every restart `verify` is clean (from the
+/// checkpoint of the log's start), and every acknowledged task is there,
+/// in the history, or was removed by retention with its event in the log
+/// or the archive.
+#[test]
+fn kill_9_while_retention_cuts_the_log_loses_nothing() {
+    let root = tempdir();
+    write_root(
+        root.path(),
+        "#!/bin/sh\ncat >/dev/null\n",
+        "[retention]\nhistory_max = 20\nlog_size = \"4KiB\"\nevery = \"1s\"\n\
+         [handlers.Sh]\ncommand = [\"./hook.sh\"]\n",
+    );
+    let dir = root.path().join("data");
+    let mut acked: Vec<u64> = Vec::new();
+    let mut rng = fastrand::Rng::with_seed(7);
+    for cycle in 0..5 {
+        let mut d = Daemon::start_in(root.path());
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let producer = {
+            let (dir, stop) = (dir.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut ids: Vec<u64> = Vec::new();
+                let mut n = 0;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    n += 1;
+                    let o = std::process::Command::new(common::berth_bin())
+                        .arg("--data-dir")
+                        .arg(&dir)
+                        .args(["enqueue", "--queue", "main", "--kind", "Sh"])
+                        .args(["--name", &format!("c{cycle}-{n}")])
+                        .env("BERTH_TIMEOUT", "2s")
+                        .output()
+                        .expect("run berth");
+                    if o.status.success()
+                        && let Ok(id) = String::from_utf8_lossy(&o.stdout).trim().parse()
+                    {
+                        ids.push(id);
+                    }
+                }
+                ids
+            })
+        };
+        // Let retention cut the log at least once in this cycle, then kill
+        // at a random moment.
+        let segments = || archive::list(&dir.join(archive::DIR)).map_or(0, |s| s.len());
+        let before = segments();
+        wait_for("retention to archive part of the log", || segments() > before);
+        std::thread::sleep(Duration::from_millis(rng.u64(0..1500)));
+        d.signal(libc::SIGKILL);
+        d.wait_exit(Duration::from_secs(10));
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        acked.extend(producer.join().expect("the producer"));
+        let o = berth(&dir, &["verify"]);
+        assert!(
+            o.status.success(),
+            "cycle {cycle}: {}{}",
+            stdout(&o),
+            common::stderr(&o)
+        );
+    }
+    assert!(acked.len() > 20, "only {} enqueues acknowledged", acked.len());
+    let store = berth::store::Store::open(
+        &dir,
+        berth::store::Options {
+            read_only: true,
+            ..Default::default()
+        },
+        berth::clock::system(),
+    )
+    .expect("open to read");
+    let mut known = std::collections::BTreeSet::new();
+    let mut removed = std::collections::BTreeSet::new();
+    for ev in all_events(&store) {
+        match ev.kind {
+            EventKind::Enqueued { task, .. } => {
+                known.insert(task.id);
+            }
+            EventKind::Removed { id } => {
+                removed.insert(id);
+            }
+            _ => {}
+        }
+    }
+    for id in &acked {
+        assert!(known.contains(id), "acknowledged task {id} has no enqueued event");
+        let there = matches!(store.task(*id), Ok(Some(_)));
+        assert!(
+            there || removed.contains(id),
+            "acknowledged task {id} is gone without a removed event"
+        );
+    }
+    eprintln!(
+        "5 kill -9 cycles: {} acknowledged tasks, {} removed by retention, log starts at event {}",
+        acked.len(),
+        removed.len(),
+        store.log_start().unwrap_or(0)
+    );
+}
