@@ -323,7 +323,9 @@ fn kill_9_while_retention_cuts_the_log_loses_nothing() {
         // at a random moment.
         let segments = || archive::list(&dir.join(archive::DIR)).map_or(0, |s| s.len());
         let before = segments();
-        wait_for("retention to archive part of the log", || segments() > before);
+        wait_for("retention to archive part of the log", || {
+            segments() > before
+        });
         std::thread::sleep(Duration::from_millis(rng.u64(0..1500)));
         d.signal(libc::SIGKILL);
         d.wait_exit(Duration::from_secs(10));
@@ -337,7 +339,11 @@ fn kill_9_while_retention_cuts_the_log_loses_nothing() {
             common::stderr(&o)
         );
     }
-    assert!(acked.len() > 20, "only {} enqueues acknowledged", acked.len());
+    assert!(
+        acked.len() > 20,
+        "only {} enqueues acknowledged",
+        acked.len()
+    );
     let store = berth::store::Store::open(
         &dir,
         berth::store::Options {
@@ -361,7 +367,10 @@ fn kill_9_while_retention_cuts_the_log_loses_nothing() {
         }
     }
     for id in &acked {
-        assert!(known.contains(id), "acknowledged task {id} has no enqueued event");
+        assert!(
+            known.contains(id),
+            "acknowledged task {id} has no enqueued event"
+        );
         let there = matches!(store.task(*id), Ok(Some(_)));
         assert!(
             there || removed.contains(id),
