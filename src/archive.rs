@@ -210,18 +210,7 @@ fn parse_header(
 /// Reads and checks one segment: its commit records, in order.
 pub fn read_segment(path: &Path) -> Result<(SegmentInfo, Vec<CommitRecord>), ArchiveError> {
     let (info, raw) = read_file(path, MAGIC)?;
-    let slices = split_records(path, &raw, info.records)?;
-    let records = slices
-        .par_iter()
-        .enumerate()
-        .map(|(index, r)| {
-            codec::decode::<CommitRecord>(r).map_err(|e| ArchiveError::Record {
-                path: path.to_path_buf(),
-                index,
-                why: e.to_string(),
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let records = decode_records(path, &raw, info.records)?;
     Ok((info, records))
 }
 
@@ -236,21 +225,62 @@ pub(crate) fn read_file(
         path: path.to_path_buf(),
         source,
     })?;
-    let (info, raw_len, _) = parse_header(path, magic, &bytes)?;
-    let raw =
-        zstd::bulk::decompress(&bytes[HEADER..bytes.len() - 4], raw_len as usize).map_err(|e| {
-            ArchiveError::Invalid {
-                path: path.to_path_buf(),
-                why: format!("its records do not decompress: {e}"),
-            }
-        })?;
+    decode_file(path, magic, &bytes)
+}
+
+/// [`read_file`] of bytes already read (`path` names them in errors). The
+/// records inflate into a buffer that grows with what really comes out,
+/// never past the header's length (itself at most [`MAX_SEGMENT_BYTES`]):
+/// a claimed length costs nothing until the data is there.
+pub(crate) fn decode_file(
+    path: &Path,
+    magic: &[u8; 8],
+    bytes: &[u8],
+) -> Result<(SegmentInfo, Vec<u8>), ArchiveError> {
+    use std::io::Read;
+    let (info, raw_len, _) = parse_header(path, magic, bytes)?;
+    let invalid = |why: String| ArchiveError::Invalid {
+        path: path.to_path_buf(),
+        why,
+    };
+    let decoder = zstd::stream::read::Decoder::new(&bytes[HEADER..bytes.len() - 4])
+        .map_err(|e| invalid(format!("its records do not decompress: {e}")))?;
+    let mut raw = Vec::new();
+    decoder
+        .take(raw_len + 1)
+        .read_to_end(&mut raw)
+        .map_err(|e| invalid(format!("its records do not decompress: {e}")))?;
     if raw.len() as u64 != raw_len {
-        return Err(ArchiveError::Invalid {
-            path: path.to_path_buf(),
-            why: format!("{} bytes decompressed, {raw_len} expected", raw.len()),
-        });
+        return Err(invalid(format!(
+            "{} bytes decompressed, {raw_len} expected",
+            raw.len()
+        )));
     }
     Ok((info, raw))
+}
+
+/// Reads a segment from bytes already read (`path` names them in errors).
+pub fn segment_from_bytes(
+    path: &Path,
+    bytes: &[u8],
+) -> Result<(SegmentInfo, Vec<CommitRecord>), ArchiveError> {
+    let (info, raw) = decode_file(path, MAGIC, bytes)?;
+    let records = decode_records(path, &raw, info.records)?;
+    Ok((info, records))
+}
+
+fn decode_records(path: &Path, raw: &[u8], count: u32) -> Result<Vec<CommitRecord>, ArchiveError> {
+    split_records(path, raw, count)?
+        .par_iter()
+        .enumerate()
+        .map(|(index, r)| {
+            codec::decode::<CommitRecord>(r).map_err(|e| ArchiveError::Record {
+                path: path.to_path_buf(),
+                index,
+                why: e.to_string(),
+            })
+        })
+        .collect()
 }
 
 /// Cuts the decompressed records apart by their length prefixes.

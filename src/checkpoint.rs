@@ -119,7 +119,17 @@ pub fn write(data_dir: &Path, snap: &Snapshot) -> io::Result<PathBuf> {
 
 /// Reads and checks one checkpoint file.
 pub fn read(path: &Path) -> Result<Snapshot, ArchiveError> {
-    let (info, raw) = archive::read_file(path, MAGIC)?;
+    let bytes = std::fs::read(path).map_err(|source| ArchiveError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    from_bytes(path, &bytes)
+}
+
+/// Reads and checks a checkpoint from bytes already read (`path` names
+/// them in errors).
+pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Snapshot, ArchiveError> {
+    let (info, raw) = archive::decode_file(path, MAGIC, bytes)?;
     let slices = archive::split_records(path, &raw, info.records)?;
     let bad = |index: usize, why: String| ArchiveError::Record {
         path: path.to_path_buf(),

@@ -62,6 +62,11 @@ fn batch() {
 }
 
 #[test]
+fn log_files() {
+    replay("log_files");
+}
+
+#[test]
 fn codec() {
     replay("codec");
 }
@@ -310,4 +315,74 @@ fn write_seeds() {
         "raw-json",
         &[cap(100), b"[1,2,{\"a\":null}]".to_vec()].concat(),
     );
+}
+
+/// `cargo test --release --test fuzz_seeds -- --ignored write_log_file_seeds`
+/// writes the `log_files` seeds: a segment and a checkpoint of a store that
+/// ran a few tasks and a group, cut by retention.
+#[test]
+#[ignore = "writes fuzz/seeds/log_files; run by hand"]
+fn write_log_file_seeds() {
+    use berth::clock::FakeClock;
+    use berth::retention::{self, Retention};
+    use berth::store::{Options, Placement, Store};
+    use berth::task::TaskSpec;
+
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let clock = FakeClock::new(1_800_000_000_000);
+    let store = Store::open(
+        dir.path(),
+        Options {
+            disk_reserve: 0,
+            ..Options::default()
+        },
+        std::sync::Arc::new(clock.clone()),
+    )
+    .expect("open");
+    let spec = |name: &str, weight: Option<i64>| TaskSpec {
+        queue: "main".into(),
+        kind: "ModuleRun".into(),
+        name: name.into(),
+        weight,
+        payload: serde_json::json!({"name": name}),
+        ..Default::default()
+    };
+    let r = Retention {
+        log_size: 512,
+        ..Retention::default()
+    };
+    for round in 0..3 {
+        let id =
+            berth::submit::enqueue_one(&store, spec(&format!("a{round}"), None), Placement::Last)
+                .expect("enqueue");
+        berth::submit::enqueue_batch(
+            &store,
+            vec![
+                spec(&format!("g{round}"), Some(1)),
+                spec(&format!("h{round}"), Some(1)),
+            ],
+        )
+        .expect("a group");
+        let mut w = store.write();
+        w.start(id).expect("start");
+        w.commit().expect("commit");
+        let mut w = store.write();
+        w.succeed(id, None).expect("succeed");
+        w.to_history(id, berth::task::Status::Succeeded)
+            .expect("history");
+        w.commit().expect("commit");
+        clock.advance_ms(1000);
+        retention::pass(&store, &r).expect("a retention pass");
+    }
+    let out = seeds_dir().join("log_files");
+    let seg = berth::archive::list(&dir.path().join(berth::archive::DIR)).expect("segments");
+    let seg = seg.first().expect("a segment");
+    let bytes = std::fs::read(&seg.path).expect("read the segment");
+    std::fs::write(out.join("gen-segment"), [vec![0u8], bytes].concat()).expect("write");
+    let (_, ck) = berth::checkpoint::list(dir.path())
+        .expect("checkpoints")
+        .pop()
+        .expect("a checkpoint");
+    let bytes = std::fs::read(&ck).expect("read the checkpoint");
+    std::fs::write(out.join("gen-checkpoint"), [vec![1u8], bytes].concat()).expect("write");
 }

@@ -16,6 +16,7 @@ mod commit_record;
 mod config;
 mod control;
 mod gzip;
+mod log_files;
 mod store_ops;
 mod units;
 
@@ -25,6 +26,7 @@ pub use commit_record::commit_record;
 pub use config::config;
 pub use control::control;
 pub use gzip::gzip;
+pub use log_files::log_files;
 pub use store_ops::store_ops;
 pub use units::units;
 
@@ -43,6 +45,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("config", config),
     ("control", control),
     ("gzip", gzip),
+    ("log_files", log_files),
     ("store_ops", store_ops),
     ("units", units),
 ];
