@@ -281,7 +281,24 @@ pub fn current(store: &Store) -> Result<Model, CorruptRecord> {
 /// Replays the store's whole log and lists where it disagrees with the state.
 /// An empty list means they agree.
 pub fn verify(store: &Store) -> Result<Vec<String>, ReplayError> {
-    let model = replay_counting(store.events_from(1), store.counting().since)?;
+    verify_with(store, &mut |_, _| {})
+}
+
+/// [`verify`], telling `progress` the event reached and the last one
+/// every 4096 events.
+pub fn verify_with(
+    store: &Store,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Vec<String>, ReplayError> {
+    let total = store.next_seq().saturating_sub(1);
+    let events = store.events_from(1).inspect(|e| {
+        if let Ok(e) = e
+            && e.seq.is_multiple_of(4096)
+        {
+            progress(e.seq, total);
+        }
+    });
+    let model = replay_counting(events, store.counting().since)?;
     let state = current(store)?;
     let mut diffs = Vec::new();
     if model.last_seq != state.last_seq {
