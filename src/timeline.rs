@@ -3,7 +3,6 @@
 //! and JSON object.
 
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 
 use crate::store::event::{Event, EventKind};
 use crate::store::order::Placement;
@@ -149,15 +148,24 @@ impl Entry {
         format!("{}\n", line.trim_end())
     }
 
-    /// The JSON object: the text line's fields.
-    pub fn json(&self) -> serde_json::Value {
-        json!({
-            "time": format_time(self.at),
-            "seq": self.seq,
-            "event": self.event,
-            "task": self.task,
-            "details": self.details,
-        })
+    /// The JSON object (one line): the text line's fields, in its order.
+    pub fn json(&self) -> String {
+        #[derive(Serialize)]
+        struct Line<'a> {
+            time: String,
+            seq: u64,
+            event: &'a str,
+            task: u64,
+            details: &'a str,
+        }
+        let line = Line {
+            time: format_time(self.at),
+            seq: self.seq,
+            event: &self.event,
+            task: self.task,
+            details: &self.details,
+        };
+        serde_json::to_string(&line).unwrap_or_default()
     }
 }
 
@@ -247,7 +255,12 @@ mod tests {
             "2026-11-30T12:00:00.250Z       12  failed                  4  \
              Errors:\\n- mcplay: boom (retry in 5s)\n"
         );
-        assert_eq!(e.json()["time"], "2026-11-30T12:00:00.250Z");
+        assert!(
+            e.json()
+                .starts_with(r#"{"time":"2026-11-30T12:00:00.250Z","seq":12,"event":"failed","#),
+            "{}",
+            e.json()
+        );
         let moved = Entry::of(&Event {
             seq: 13,
             at: 0,
