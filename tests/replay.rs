@@ -71,7 +71,9 @@ impl Run {
     }
 
     fn started(&self, name: &str, attempt: u32) -> bool {
-        self.gates.join(format!("{name}.started.{attempt}")).exists()
+        self.gates
+            .join(format!("{name}.started.{attempt}"))
+            .exists()
     }
 
     fn wait_started(&self, name: &str, attempt: u32) {
@@ -194,9 +196,7 @@ fn replay_rebuilds_every_moment_of_a_real_run_and_log_tells_it() {
     let tmp = tempdir();
     let run = Run::new(tmp.path());
     let batch = tmp.path().join("batch.json");
-    let entry = |name: &str, queue: &str, weight: u32| {
-        serde_json::json!({"queue": queue, "kind": "Gate", "name": name, "weight": weight})
-    };
+    let entry = |name: &str, queue: &str, weight: u32| serde_json::json!({"queue": queue, "kind": "Gate", "name": name, "weight": weight});
     let specs = serde_json::json!([
         entry("single", "main", 10),
         entry("flaky", "main", 20),
@@ -250,7 +250,9 @@ fn replay_rebuilds_every_moment_of_a_real_run_and_log_tells_it() {
         .map(|(_, names)| names[0].clone())
         .expect("a child alone in its queue");
     run.fail(&alone, 1);
-    wait_for("the child to fail and start again", || run.started(&alone, 2));
+    wait_for("the child to fail and start again", || {
+        run.started(&alone, 2)
+    });
     moments.push(capture(&run, "group: one child failed once"));
     run.go(&alone, 2);
     wait_for("the child to finish", || {
@@ -270,7 +272,12 @@ fn replay_rebuilds_every_moment_of_a_real_run_and_log_tells_it() {
     // Every moment, by its event number and by its time, with no daemon.
     for m in &moments {
         let by_seq = run.json(&["replay", "--seq", &m.seq.to_string(), "-o", "json"]);
-        assert_eq!(by_seq, without_statuses(m.queues.clone()), "{}: --seq", m.what);
+        assert_eq!(
+            by_seq,
+            without_statuses(m.queues.clone()),
+            "{}: --seq",
+            m.what
+        );
         let by_time = run.json(&["replay", "--at", &m.time, "-o", "json"]);
         assert_eq!(by_time, by_seq, "{}: --at {}", m.what, m.time);
     }
@@ -284,7 +291,7 @@ fn replay_rebuilds_every_moment_of_a_real_run_and_log_tells_it() {
         run.ok(&["queue", "list", "-o", "json"])
     );
     assert_eq!(run.ok(&["replay"]), run.ok(&["queue", "list"]));
-    assert_eq!(run.ok(&["verify"]).starts_with("ok:"), true);
+    assert!(run.ok(&["verify"]).starts_with("ok:"));
 
     // The log: every event once, in order; text has one line each.
     let log = run.json(&["log", "-o", "json"]);
@@ -328,7 +335,12 @@ fn replay_rebuilds_every_moment_of_a_real_run_and_log_tells_it() {
             "moved-to-history"
         ]
     );
-    assert!(story[3]["details"].as_str().is_some_and(|d| d.contains("boom dead 1")), "{story}");
+    assert!(
+        story[3]["details"]
+            .as_str()
+            .is_some_and(|d| d.contains("boom dead 1")),
+        "{story}"
+    );
     assert_eq!(story[7]["details"], "status failed");
     // --queue other: only the dead letter was there.
     assert_eq!(run.json(&["log", "--queue", "other", "-o", "json"]), story);
@@ -365,13 +377,24 @@ fn replay_rebuilds_every_moment_of_a_real_run_and_log_tells_it() {
         .iter()
         .filter(|e| e["time"].as_str() >= from.as_str() && e["time"].as_str() <= to.as_str())
         .collect();
-    assert_eq!(window.as_array().expect("array").iter().collect::<Vec<_>>(), expected);
-    assert!(expected.len() >= last as usize - 10, "{} events", expected.len());
+    assert_eq!(
+        window.as_array().expect("array").iter().collect::<Vec<_>>(),
+        expected
+    );
+    assert!(
+        expected.len() >= last as usize - 10,
+        "{} events",
+        expected.len()
+    );
 
     // A moment before the first event: the empty state, said on stderr.
     let o = run.berth(&["replay", "--at", "2000-01-01T00:00:00Z", "-o", "json"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert!(stderr(&o).contains("is before the first event (event 1 at"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("is before the first event (event 1 at"),
+        "{}",
+        stderr(&o)
+    );
     let v: Value = serde_json::from_slice(&o.stdout).expect("json");
     assert_eq!(v["summary"]["totalTasks"], 0);
     assert_eq!(v["empty"].as_array().map(Vec::len), Some(4));
@@ -383,7 +406,11 @@ fn replay_rebuilds_every_moment_of_a_real_run_and_log_tells_it() {
     // Bad moments are bad input.
     let o = run.berth(&["replay", "--at", "yesterday"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(stderr(&o).contains("--at: 'yesterday' is not a time"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--at: 'yesterday' is not a time"),
+        "{}",
+        stderr(&o)
+    );
     let o = run.berth(&["replay", "--at", "1h", "--seq", "3"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let o = run.berth(&["log", "--since", "soon"]);
@@ -484,7 +511,11 @@ fn archive_log(dir: &Path, upto: u64, per: usize) -> Vec<PathBuf> {
             .map(|(_, v)| berth::codec::decode(v).expect("decode"))
             .collect();
         let first = decoded[0].events[0].seq;
-        let last = decoded.last().and_then(|r| r.events.last()).expect("events").seq;
+        let last = decoded
+            .last()
+            .and_then(|r| r.events.last())
+            .expect("events")
+            .seq;
         let bytes: Vec<Vec<u8>> = chunk.iter().map(|(_, v)| v.clone()).collect();
         paths.push(
             berth::archive::write_segment(&dir.join(berth::archive::DIR), first, last, &bytes)
@@ -497,7 +528,12 @@ fn archive_log(dir: &Path, upto: u64, per: usize) -> Vec<PathBuf> {
     }
     db.flush().expect("flush");
     // The store's log now starts with the last archived record.
-    let first = db.scan_prefix([b'e']).next().expect("a record").expect("read").0;
+    let first = db
+        .scan_prefix([b'e'])
+        .next()
+        .expect("a record")
+        .expect("read")
+        .0;
     assert_eq!(first.to_vec(), records[records.len() - 1].0);
     assert!(records.len() > 1);
     paths
@@ -548,7 +584,10 @@ fn an_archived_history_replays_from_event_1_and_damage_is_an_error() {
     let whole = log(&dir, &[]);
     assert_eq!(seqs(&whole), (1..=last).collect::<Vec<_>>());
     assert_eq!(whole, log(&intact, &[]));
-    assert_eq!(log(&dir, &["--queue", "other"]), log(&intact, &["--queue", "other"]));
+    assert_eq!(
+        log(&dir, &["--queue", "other"]),
+        log(&intact, &["--queue", "other"])
+    );
     // Reading never wrote: not the store, not the archive.
     let o = unchanged(&dir, &["replay", "--seq", "40"]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -585,7 +624,9 @@ fn an_archived_history_replays_from_event_1_and_damage_is_an_error() {
 fn reading_beside_a_running_daemon_writes_nothing() {
     let tmp = tempdir();
     let run = Run::new(tmp.path());
-    run.ok(&["enqueue", "--queue", "main", "--kind", "Gate", "--name", "held"]);
+    run.ok(&[
+        "enqueue", "--queue", "main", "--kind", "Gate", "--name", "held",
+    ]);
     let _daemon = Daemon::start(&run.root.join("berth.toml"), &run.dir, &[]);
     run.wait_started("held", 1);
     // The daemon is idle now (its one task waits on a gate): nothing it

@@ -138,7 +138,11 @@ fn queue_list(s: &Session, output: Format, show_empty: bool) -> Result<String, C
 }
 
 /// `queue list`'s output of its wire form (also `replay`'s).
-pub(super) fn render_queues(v: &Value, output: Format, show_empty: bool) -> Result<String, CliError> {
+pub(super) fn render_queues(
+    v: &Value,
+    output: Format,
+    show_empty: bool,
+) -> Result<String, CliError> {
     let queues = report::views_from_json(v).map_err(CliError::runtime)?;
     Ok(match output {
         Format::Text => report::render_text(&queues, show_empty),

@@ -21,7 +21,7 @@ enum Answer {
     /// A daemon answered.
     Daemon(Result<Value, OpError>),
     /// No daemon: the data dir, opened here.
-    Here(Store),
+    Here(Box<Store>),
 }
 
 /// What every command runs with: the data dir, and what the config (if
@@ -120,7 +120,7 @@ impl Session {
         first: Request,
         mut then: impl FnMut(Value) -> Result<Option<Request>, CliError>,
     ) -> Result<(), CliError> {
-        let mut here = None;
+        let mut here: Option<Box<Store>> = None;
         let mut next = Some(first);
         while let Some(req) = next.take() {
             let answer = match &here {
@@ -166,7 +166,7 @@ impl Session {
             }
             let opts = self.options(req.access());
             match Store::open(&self.dir, opts, clock::system()) {
-                Ok(store) => return Ok(Answer::Here(store)),
+                Ok(store) => return Ok(Answer::Here(Box::new(store))),
                 Err(OpenError::InUse { holder, .. })
                     if holder.role == Some(Role::Daemon) && start.elapsed() < self.timeout =>
                 {

@@ -5,9 +5,8 @@
 use serde_json::{Value, json};
 
 use super::{Ctx, OpError};
-use crate::replay::{Flow, Source, SourceError, Until, state_at};
+use crate::replay::{Flow, Source, SourceError, Until, state_at, uncounted};
 use crate::report;
-use crate::store::verify::Model;
 use crate::timeline::Entry;
 
 /// The most entries one page of the timeline holds (and the default).
@@ -61,7 +60,9 @@ pub fn log_page(
 pub fn replay(ctx: &Ctx<'_>, seq: Option<u64>, at_ms: Option<u64>) -> Result<Value, OpError> {
     let until = match (seq, at_ms) {
         (Some(_), Some(_)) => {
-            return Err(OpError::input("give either an event number or a time, not both"));
+            return Err(OpError::input(
+                "give either an event number or a time, not both",
+            ));
         }
         (Some(s), None) => Until::Seq(s),
         (None, Some(t)) => Until::Time(t),
@@ -81,7 +82,7 @@ pub fn replay(ctx: &Ctx<'_>, seq: Option<u64>, at_ms: Option<u64>) -> Result<Val
             p(n, total);
         }
     };
-    let r = state_at(Model::default(), &source, until, &mut progress).map_err(source_error)?;
+    let r = state_at(uncounted(), &source, until, &mut progress).map_err(source_error)?;
     let views = report::model_views(&r.model, store.parallel_queues()?);
     let position = match (r.last, r.reached_end) {
         (_, true) => "end",
