@@ -42,7 +42,7 @@ impl Progress {
             None => self.bar.get_or_init(|| {
                 let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
                 let style = ProgressStyle::with_template(&format!(
-                    "{{bar:40}} {{pos}}/{{len}} {} ({{per_sec}}, {{eta}} left)",
+                    "{{bar:30}} {{pos}}/{{len}} {} ({{eta}} left)",
                     self.what
                 ))
                 .unwrap_or_else(|_| ProgressStyle::default_bar());
