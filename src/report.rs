@@ -77,9 +77,43 @@ pub fn snapshot(
     parallel_queues: usize,
     status: &dyn Fn(&str) -> String,
 ) -> Vec<QueueView> {
+    let names = store.queues().into_iter().map(|(q, _)| q);
+    views(
+        parallel_queues,
+        names,
+        &|q| store.queue_ids(q),
+        &|id| store.live_task(id),
+        status,
+    )
+}
+
+/// The queue set of a replayed state (`berth replay`), as [`snapshot`]
+/// makes it of a store: the same queues, in the same order, with the same
+/// lines. A replayed queue has no live status: every status is empty, as
+/// without a daemon.
+pub fn model_views(model: &crate::store::verify::Model, parallel_queues: usize) -> Vec<QueueView> {
+    views(
+        parallel_queues,
+        model.queues.keys().cloned(),
+        &|q| model.queues.get(q).cloned().unwrap_or_default(),
+        &|id| Ok(model.live.get(&id).cloned()),
+        &|_| String::new(),
+    )
+}
+
+/// The queue set: `main`, the parallel queues, and the other non-empty
+/// queues `nonempty` names, each with its tasks (`ids`, head first, read
+/// with `task`) and its status.
+fn views(
+    parallel_queues: usize,
+    nonempty: impl Iterator<Item = String>,
+    ids: &dyn Fn(&str) -> Vec<u64>,
+    task: &dyn Fn(u64) -> Result<Option<Task>, crate::store::ReadError>,
+    status: &dyn Fn(&str) -> String,
+) -> Vec<QueueView> {
     let mut names: Vec<String> = vec![MAIN.to_string()];
     names.extend((0..parallel_queues).map(parallel_queue));
-    for (q, _) in store.queues() {
+    for q in nonempty {
         if !names.contains(&q) {
             names.push(q);
         }
@@ -88,10 +122,9 @@ pub fn snapshot(
     names
         .into_iter()
         .map(|name| {
-            let tasks = store
-                .queue_ids(&name)
+            let tasks = ids(&name)
                 .into_iter()
-                .map(|id| QueueTask::of(id, store.live_task(id)))
+                .map(|id| QueueTask::of(id, task(id)))
                 .collect();
             QueueView {
                 status: status(&name),

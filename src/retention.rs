@@ -386,11 +386,15 @@ pub fn log_base(store: &Store) -> Result<Option<Snapshot>, RetentionError> {
 }
 
 /// `verify` of a store whose log may have been cut: replays the log from
-/// the checkpoint of its start.
-pub fn verify(store: &Store) -> Result<Vec<String>, RetentionError> {
+/// the checkpoint of its start, telling `progress` how far it is.
+pub fn verify(
+    store: &Store,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Vec<String>, RetentionError> {
     let base = log_base(store)?;
     Ok(crate::store::verify::verify_from(
         store,
         base.map(|s| s.model),
+        progress,
     )?)
 }

@@ -65,6 +65,22 @@ pub enum Command {
     Task(TaskCommand),
     /// Replay the event log and check that it agrees with the stored state.
     Verify,
+    /// Print the event log as a timeline: every event, in order, with its
+    /// time, number, task and details.
+    Log(LogArgs),
+    /// Rebuild the queues as they were at a moment from the event log, and
+    /// print them as `queue list` does.
+    Replay {
+        /// The moment: RFC 3339 (2026-11-30T12:00:00Z) or a duration ago
+        /// (90m); the state after the last event at or before it.
+        #[arg(long, conflicts_with = "seq")]
+        at: Option<String>,
+        /// The state right after this event.
+        #[arg(long)]
+        seq: Option<u64>,
+        #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
+        output: Format,
+    },
     /// Check a config (--config FILE) as `berth run` would, and also what it
     /// names on this machine (every handler's command and folder).
     Check,
@@ -238,6 +254,27 @@ pub struct ListArgs {
     /// takes.
     #[arg(long)]
     pub target: Vec<String>,
+    #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
+    pub output: Format,
+}
+
+/// `berth log`'s filters: an event must match every one given.
+#[derive(Debug, Args)]
+pub struct LogArgs {
+    /// Only events about this task.
+    #[arg(long)]
+    pub task: Option<u64>,
+    /// Only events about tasks in this queue (a task's queue is the one
+    /// its last `enqueued` or `placed` event named).
+    #[arg(long)]
+    pub queue: Option<String>,
+    /// Only events at or after this time: RFC 3339 (2026-11-30T12:00:00Z)
+    /// or a duration ago (90m).
+    #[arg(long)]
+    pub since: Option<String>,
+    /// Only events at or before this time.
+    #[arg(long)]
+    pub until: Option<String>,
     #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
     pub output: Format,
 }

@@ -46,6 +46,8 @@ pub fn run(cli: Cli, data_dir_given: bool) -> Result<(), CliError> {
         }) => super::tasklog::run(s, id, attempt, follow, output),
         Command::Task(TaskCommand::Cancel { id }) => task_cancel(s, id),
         Command::Verify => verify(s),
+        Command::Log(a) => super::replay::log(s, a),
+        Command::Replay { at, seq, output } => super::replay::replay(s, at, seq, output),
         Command::Check => check(s),
         Command::Metrics { output } => metrics(s, output),
     }
@@ -132,11 +134,27 @@ fn flag_of(field: &str) -> String {
 
 fn queue_list(s: &Session, output: Format, show_empty: bool) -> Result<String, CliError> {
     let v = s.run(Request::QueueList {})?;
-    let queues = report::views_from_json(&v).map_err(CliError::runtime)?;
+    render_queues(&v, output, show_empty)
+}
+
+/// `queue list`'s output of its wire form (also `replay`'s).
+pub(super) fn render_queues(
+    v: &Value,
+    output: Format,
+    show_empty: bool,
+) -> Result<String, CliError> {
+    let queues = report::views_from_json(v).map_err(CliError::runtime)?;
     Ok(match output {
         Format::Text => report::render_text(&queues, show_empty),
         Format::Json => format!("{}\n", report::render_json(&queues)),
     })
+}
+
+/// A time flag (`--since`, `--until`, `--at`): RFC 3339 or a duration ago.
+pub(super) fn time_flag(flag: &str, t: Option<&str>, now: u64) -> Result<Option<u64>, CliError> {
+    t.map(|t| units::parse_time(t, now))
+        .transpose()
+        .map_err(|e| CliError::input(format!("--{flag}: {e}")))
 }
 
 /// `queue list --watch`: redraws every `interval` until interrupted. On a
@@ -194,12 +212,7 @@ fn task_retry(s: &Session, id: u64) -> Result<(), CliError> {
 
 fn task_list(s: &Session, a: ListArgs) -> Result<(), CliError> {
     let now = now_ms();
-    let time = |flag: &str, t: &Option<String>| {
-        t.as_deref()
-            .map(|t| units::parse_time(t, now))
-            .transpose()
-            .map_err(|e| CliError::input(format!("--{flag}: {e}")))
-    };
+    let time = |flag: &str, t: &Option<String>| time_flag(flag, t.as_deref(), now);
     let filter = TaskFilter {
         queues: a.queue,
         kinds: a.kind,
@@ -260,8 +273,10 @@ fn check(s: &Session) -> Result<(), CliError> {
 fn verify(s: &Session) -> Result<(), CliError> {
     let opts = s.options(Access::Read);
     let store = Store::open(s.dir(), opts, berth::clock::system()).map_err(OpError::from)?;
-    let diffs = berth::retention::verify(&store)
+    let progress = super::progress::Progress::new("events replayed");
+    let diffs = berth::retention::verify(&store, &mut |n, total| progress.set(n, total))
         .map_err(|e| CliError::runtime(format!("replaying the log: {e}")))?;
+    progress.finish();
     let corrupt = store.corrupt_records();
     for c in corrupt {
         eprintln!("berth: {c}");

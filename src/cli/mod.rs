@@ -7,6 +7,8 @@ pub mod args;
 pub mod commands;
 pub mod daemon;
 pub mod notify;
+pub mod progress;
+mod replay;
 pub mod session;
 mod tasklog;
 

@@ -16,6 +16,14 @@ use serde_json::Value;
 use super::CliError;
 use super::args::Cli;
 
+/// Where a request went.
+enum Answer {
+    /// A daemon answered.
+    Daemon(Result<Value, OpError>),
+    /// No daemon: the data dir, opened here.
+    Here(Box<Store>),
+}
+
 /// What every command runs with: the data dir, and what the config (if
 /// one is given) says about it.
 #[derive(Debug, Clone)]
@@ -87,17 +95,78 @@ impl Session {
     /// after a restart), is starting: the command waits for its socket, up
     /// to `--timeout`, instead of failing.
     pub fn run(&self, req: Request) -> Result<Value, OpError> {
+        self.run_with(req, None)
+    }
+
+    /// [`Session::run`], with `progress` told how far a long read has come
+    /// when the command runs the operation itself (`ops::Ctx::progress`).
+    pub fn run_with(
+        &self,
+        req: Request,
+        progress: Option<&(dyn Fn(u64, u64) + Sync)>,
+    ) -> Result<Value, OpError> {
+        match self.connect(&req)? {
+            Answer::Daemon(answer) => answer,
+            Answer::Here(store) => self.execute(&store, req, progress),
+        }
+    }
+
+    /// Runs `first`, then each request `then` makes of the previous answer,
+    /// until it makes none: all through the daemon when one answered the
+    /// first, or all on the data dir opened here once (a paged read, such
+    /// as `berth log`'s).
+    pub fn run_each(
+        &self,
+        first: Request,
+        mut then: impl FnMut(Value) -> Result<Option<Request>, CliError>,
+    ) -> Result<(), CliError> {
+        let mut here: Option<Box<Store>> = None;
+        let mut next = Some(first);
+        while let Some(req) = next.take() {
+            let answer = match &here {
+                Some(store) => self.execute(store, req, None)?,
+                None => match self.connect(&req)? {
+                    Answer::Daemon(answer) => answer?,
+                    Answer::Here(store) => {
+                        let store = here.insert(store);
+                        self.execute(store, req, None)?
+                    }
+                },
+            };
+            next = then(answer)?;
+        }
+        Ok(())
+    }
+
+    fn execute(
+        &self,
+        store: &Store,
+        req: Request,
+        progress: Option<&(dyn Fn(u64, u64) + Sync)>,
+    ) -> Result<Value, OpError> {
+        let kinds = self.kinds();
+        let ctx = Ctx {
+            progress,
+            ..Ctx::direct(Some(store), kinds.as_deref())
+        };
+        ops::execute(&ctx, req)
+    }
+
+    /// The daemon's answer to `req` when one answers, else the data dir
+    /// opened here as `req` needs ([`Access`]: to read, it must be a berth
+    /// data dir and nothing in it changes). A daemon that holds the data
+    /// dir but does not answer yet, or that waits for the lock (right after
+    /// a restart), is starting: this waits for its socket, up to
+    /// `--timeout`, instead of failing.
+    fn connect(&self, req: &Request) -> Result<Answer, OpError> {
         let start = Instant::now();
         loop {
-            if let Some(answer) = self.ask_daemon(&req) {
-                return answer;
+            if let Some(answer) = self.ask_daemon(req) {
+                return Ok(Answer::Daemon(answer));
             }
             let opts = self.options(req.access());
             match Store::open(&self.dir, opts, clock::system()) {
-                Ok(store) => {
-                    let kinds = self.kinds();
-                    return ops::execute(&Ctx::direct(Some(&store), kinds.as_deref()), req);
-                }
+                Ok(store) => return Ok(Answer::Here(Box::new(store))),
                 Err(OpenError::InUse { holder, .. })
                     if holder.role == Some(Role::Daemon) && start.elapsed() < self.timeout =>
                 {

@@ -13,6 +13,7 @@
 mod attempts;
 mod list;
 mod metrics;
+mod replay;
 mod tasks;
 
 use serde::{Deserialize, Serialize};
@@ -27,6 +28,7 @@ use crate::task::TaskSpec;
 pub use attempts::{task_cancel, task_log, task_output};
 pub use list::{STATUS_WORDS, TaskFilter, glob, task_list};
 pub use metrics::metrics;
+pub use replay::{LOG_PAGE, log_page, replay};
 pub use tasks::{enqueue, enqueue_batch, queue_list, task_remove, task_retry, task_show};
 
 /// What kind of failure an operation met; it decides the exit code and the
@@ -143,6 +145,10 @@ pub struct Ctx<'a> {
     /// The kinds that can run (a daemon's handlers, or a command's
     /// `--config`); an enqueue of another kind is refused. `None`: not known.
     pub kinds: Option<&'a [String]>,
+    /// Told how far a long read has come (`replay`): the event reached and
+    /// the last there is. Only a command's own context has one (a daemon
+    /// has no terminal to show it on).
+    pub progress: Option<&'a (dyn Fn(u64, u64) + Sync)>,
 }
 
 impl<'a> Ctx<'a> {
@@ -152,6 +158,7 @@ impl<'a> Ctx<'a> {
             store: Some(engine.store()),
             engine: Some(engine),
             kinds: Some(kinds),
+            progress: None,
         }
     }
 
@@ -162,6 +169,7 @@ impl<'a> Ctx<'a> {
             store,
             engine: None,
             kinds,
+            progress: None,
         }
     }
 
@@ -253,6 +261,25 @@ pub enum Request {
     /// Every metric family (`berth metrics`); a struct variant for the
     /// reason `QueueList` is one.
     Metrics {},
+    /// One page of the timeline (`berth log`): the events after event
+    /// `after`, up to event `to` (the end when none), at most `limit`.
+    Log {
+        #[serde(default)]
+        after: u64,
+        #[serde(default)]
+        to: Option<u64>,
+        #[serde(default)]
+        limit: Option<usize>,
+    },
+    /// The queues as they were after an event (`berth replay`): up to
+    /// event `seq`, or the last event at or before `at_ms`; the end when
+    /// neither is given.
+    Replay {
+        #[serde(default)]
+        seq: Option<u64>,
+        #[serde(default)]
+        at_ms: Option<u64>,
+    },
 }
 
 /// What a request does to the data dir, for a command that opens it itself.
@@ -278,7 +305,9 @@ impl Request {
             | Request::TaskList { .. }
             | Request::TaskLog { .. }
             | Request::TaskOutput { .. }
-            | Request::Metrics {} => Access::Read,
+            | Request::Metrics {}
+            | Request::Log { .. }
+            | Request::Replay { .. } => Access::Read,
         }
     }
 }
@@ -318,5 +347,7 @@ pub fn execute(ctx: &Ctx<'_>, req: Request) -> Result<Value, OpError> {
         } => task_output(ctx, id, attempt, stdout_from, stderr_from),
         Request::TaskCancel { id } => task_cancel(ctx, id).map(|ids| json!(ids)),
         Request::Metrics {} => metrics(ctx).map(|families| json!(families)),
+        Request::Log { after, to, limit } => log_page(ctx, after, to, limit),
+        Request::Replay { seq, at_ms } => replay(ctx, seq, at_ms),
     }
 }

@@ -465,6 +465,19 @@ impl Store {
             })
     }
 
+    /// The number of the first event in the log (the key of its first
+    /// commit record), or `None` when the log is empty. (Once retention
+    /// moves old records into archive segments, it is more than 1.)
+    pub fn first_logged_seq(&self) -> Result<Option<u64>, CorruptRecord> {
+        match self.tree.scan_prefix([EVENT]).next() {
+            None => Ok(None),
+            Some(Err(e)) => Err(CorruptRecord::new(&[EVENT], e)),
+            Some(Ok((k, _))) => keys::parse_id_key(&k)
+                .map(Some)
+                .ok_or_else(|| CorruptRecord::new(&k, "not a commit record key")),
+        }
+    }
+
     /// The number of the next event.
     pub fn next_seq(&self) -> u64 {
         self.lock_inner().next_seq

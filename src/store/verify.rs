@@ -288,17 +288,30 @@ pub fn current(store: &Store) -> Result<Model, CorruptRecord> {
 /// An empty list means they agree. A log that was cut needs its checkpoint:
 /// see [`verify_from`].
 pub fn verify(store: &Store) -> Result<Vec<String>, ReplayError> {
-    verify_from(store, None)
+    verify_from(store, None, &mut |_, _| {})
 }
 
 /// [`verify`], replaying the log from `start`, the state at the event
-/// before the log's first (a checkpoint's model); `None` for a log that
-/// begins at event 1.
-pub fn verify_from(store: &Store, start: Option<Model>) -> Result<Vec<String>, ReplayError> {
+/// before the log's first (a checkpoint's model; `None` for a log that
+/// begins at event 1), and telling `progress` the event reached and the
+/// last one every 4096 events.
+pub fn verify_from(
+    store: &Store,
+    start: Option<Model>,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Vec<String>, ReplayError> {
     let log_start = store.log_start()?;
+    let total = store.next_seq().saturating_sub(1);
+    let events = store.events_from(log_start).inspect(|e| {
+        if let Ok(e) = e
+            && e.seq.is_multiple_of(4096)
+        {
+            progress(e.seq, total);
+        }
+    });
     let model = match start {
         None if log_start > 1 => return Err(ReplayError::NeedsCheckpoint { start: log_start }),
-        None => replay_counting(store.events_from(1), store.counting().since)?,
+        None => replay_counting(events, store.counting().since)?,
         Some(mut m) => {
             if m.last_seq + 1 != log_start {
                 return Err(ReplayError::Gap {
@@ -306,7 +319,7 @@ pub fn verify_from(store: &Store, start: Option<Model>) -> Result<Vec<String>, R
                     found: log_start,
                 });
             }
-            for ev in store.events_from(log_start) {
+            for ev in events {
                 m.apply(&ev?)?;
             }
             m
