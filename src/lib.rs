@@ -22,4 +22,5 @@ pub mod routing;
 pub mod store;
 pub mod submit;
 pub mod task;
+pub mod ttl;
 pub mod units;
