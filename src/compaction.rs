@@ -144,7 +144,8 @@ fn read_queue(w: &mut WriteTxn<'_>, queue: &str) -> Result<Index, WriteError> {
 /// never merged into.
 fn waiting(w: &mut WriteTxn<'_>, id: u64) -> Result<Option<Task>, WriteError> {
     let now = w.now();
-    let due = |t: &Task| crate::ttl::may_expire(t) && crate::ttl::deadline(t).is_some_and(|d| d <= now);
+    let due =
+        |t: &Task| crate::ttl::may_expire(t) && crate::ttl::deadline(t).is_some_and(|d| d <= now);
     match w.peek(id) {
         Ok(Some(t)) if t.status == Status::Queued && !due(&t) => Ok(Some(t)),
         Ok(_) | Err(WriteError::Corrupt(_)) => Ok(None),

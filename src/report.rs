@@ -411,7 +411,9 @@ pub fn task_text(j: &serde_json::Value, now_ms: u64) -> String {
                 out.push_str(&format!("ttl: {text}\n"));
                 continue;
             }
-            serde_json::Value::Number(n) if k == "expires_at" && n.as_u64().is_some_and(|ms| ms <= now_ms) => {
+            serde_json::Value::Number(n)
+                if k == "expires_at" && n.as_u64().is_some_and(|ms| ms <= now_ms) =>
+            {
                 let ms = n.as_u64().unwrap_or_default();
                 format!(
                     "{} ({} ago; due to expire: it was not started within its TTL, and a \

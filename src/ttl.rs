@@ -66,7 +66,7 @@ pub fn group_started<'a>(children: impl IntoIterator<Item = Option<(&'a Task, bo
 /// may still expire (`group_started` says whether its group, if it is a
 /// parent, has started).
 pub fn expires_at(t: &Task, group_started: bool) -> Option<u64> {
-    if may_expire(t) && !(group_started && !t.children.is_empty()) {
+    if may_expire(t) && (t.children.is_empty() || !group_started) {
         deadline(t)
     } else {
         None
@@ -145,8 +145,14 @@ mod tests {
     #[test]
     fn a_group_has_started_once_a_child_was_placed_ran_or_finished() {
         let waiting = task(Some("10s"));
-        assert!(!group_started([Some((&waiting, false)), Some((&waiting, false))]));
-        assert!(group_started([Some((&waiting, false)), Some((&waiting, true))]));
+        assert!(!group_started([
+            Some((&waiting, false)),
+            Some((&waiting, false))
+        ]));
+        assert!(group_started([
+            Some((&waiting, false)),
+            Some((&waiting, true))
+        ]));
         assert!(group_started([Some((&waiting, false)), None]));
         let mut ran = waiting.clone();
         ran.attempts = 1;
@@ -162,8 +168,9 @@ mod tests {
         assert_eq!(back["ttl"], "10m");
         let s2: TaskSpec = serde_json::from_value(back).unwrap();
         assert_eq!(s2.ttl, s.ttl);
-        let e = serde_json::from_str::<TaskSpec>(r#"{"queue":"q","kind":"K","name":"n","ttl":"x"}"#)
-            .unwrap_err();
+        let e =
+            serde_json::from_str::<TaskSpec>(r#"{"queue":"q","kind":"K","name":"n","ttl":"x"}"#)
+                .unwrap_err();
         assert!(e.to_string().contains("'x'"), "{e}");
         let e = serde_json::from_str::<TaskSpec>(r#"{"queue":"q","kind":"K","name":"n","ttl":5}"#)
             .unwrap_err();

@@ -57,7 +57,6 @@ fn assert_verifies(store: &Store) {
 fn events_of(store: &Store, id: u64) -> Vec<&'static str> {
     store
         .events_from(1)
-        .into_iter()
         .map(|e| e.expect("a readable event"))
         .filter(|e| e.kind.task_id() == id)
         .map(|e| e.kind.name())
@@ -76,24 +75,28 @@ fn a_task_past_its_ttl_expires_in_the_step_and_its_queue_moves_on() {
     clock.advance_ms(10_000); // exactly the TTL: due
     let e = engine(&store, ok_handlers(), EngineConfig::default());
     e.run_until_idle().expect("run");
-    let t = store.history_task(late).expect("read").expect("in the history");
+    let t = store
+        .history_task(late)
+        .expect("read")
+        .expect("in the history");
     assert_eq!(t.status, Status::Expired);
     assert_eq!(t.attempts, 0);
     assert_eq!(t.started_at, None);
     assert_eq!(t.finished_at, Some(T0 + 10_000));
-    assert_eq!(events_of(&store, late), ["enqueued", "expired", "moved-to-history"]);
+    assert_eq!(
+        events_of(&store, late),
+        ["enqueued", "expired", "moved-to-history"]
+    );
     assert_eq!(status(&store, next), Status::Succeeded);
     assert_eq!(status(&store, in_time), Status::Succeeded);
     // The expiry and the move to the history are one commit.
     let with_expired = store
         .events_from(1)
-        .into_iter()
         .map(|e| e.expect("event"))
         .find(|e| matches!(e.kind, EventKind::Expired { .. }))
         .expect("an expired event");
     let moved = store
         .events_from(with_expired.seq + 1)
-        .into_iter()
         .next()
         .expect("an event after it")
         .expect("readable");
@@ -171,7 +174,12 @@ fn a_group_expires_with_its_parent_until_it_has_started() {
     // runs each group's children one after the other.
     let ids = berth::submit::enqueue_batch(
         &store,
-        vec![entry("a1", 1), entry("a2", 1), entry("b1", 2), entry("b2", 2)],
+        vec![
+            entry("a1", 1),
+            entry("a2", 1),
+            entry("b1", 2),
+            entry("b2", 2),
+        ],
     )
     .expect("batch");
     let (group_a, group_b) = (ids[0], ids[1]);
@@ -278,7 +286,10 @@ fn a_running_engine_wakes_up_at_the_deadline() {
     wait_for("the expiry", || status(&store, id) == Status::Expired);
     stop.stop();
     runner.join().expect("the loop").expect("run");
-    let t = store.history_task(id).expect("read").expect("in the history");
+    let t = store
+        .history_task(id)
+        .expect("read")
+        .expect("in the history");
     assert_eq!(t.finished_at, Some(T0 + 30_000));
     assert_verifies(&store);
 }
@@ -304,7 +315,10 @@ fn a_v1_task_record_decodes_without_a_ttl_and_re_encodes_as_v1() {
     assert_eq!(berth::codec::encode_as(&t, 1).expect("a v1 form"), record);
     let v2 = berth::codec::encode(&t);
     assert_eq!(v2[0], 2);
-    assert_eq!(berth::codec::decode::<berth::task::Task>(&v2).expect("v2"), t);
+    assert_eq!(
+        berth::codec::decode::<berth::task::Task>(&v2).expect("v2"),
+        t
+    );
     let mut with_ttl = t.clone();
     with_ttl.ttl_ms = Some(5);
     assert!(berth::codec::encode_as(&with_ttl, 1).is_err());
@@ -356,8 +370,16 @@ fn a_data_dir_from_before_ttls_reads_back_the_same_verifies_and_runs() {
     for (id, want) in expected["tasks"].as_object().expect("tasks") {
         let mut got = task_json(&dir, id.parse().expect("an id"));
         let m = got.as_object_mut().expect("an object");
-        assert_eq!(m.remove("ttl_ms"), Some(serde_json::Value::Null), "task {id}");
-        assert_eq!(m.remove("expires_at"), Some(serde_json::Value::Null), "task {id}");
+        assert_eq!(
+            m.remove("ttl_ms"),
+            Some(serde_json::Value::Null),
+            "task {id}"
+        );
+        assert_eq!(
+            m.remove("expires_at"),
+            Some(serde_json::Value::Null),
+            "task {id}"
+        );
         assert_eq!(&got, want, "task {id} reads back differently");
     }
     let o = berth(&dir, &["task", "list", "-o", "json"]);
@@ -370,10 +392,9 @@ fn a_data_dir_from_before_ttls_reads_back_the_same_verifies_and_runs() {
 
     // The archive segment of the same records decodes, record for record
     // as the data dir holds them.
-    let (_, archived) = berth::archive::read_segment(
-        &fixture().join("archive/seg-00000000000000000001.bsg"),
-    )
-    .expect("the v1 segment reads");
+    let (_, archived) =
+        berth::archive::read_segment(&fixture().join("archive/seg-00000000000000000001.bsg"))
+            .expect("the v1 segment reads");
     {
         let clock = FakeClock::new(T0);
         let store = Store::open(
@@ -386,17 +407,16 @@ fn a_data_dir_from_before_ttls_reads_back_the_same_verifies_and_runs() {
         )
         .expect("open to read");
         let events: Vec<_> = archived.iter().flat_map(|r| r.events.clone()).collect();
-        let stored: Vec<_> = store
-            .events_from(1)
-            .into_iter()
-            .map(|e| e.expect("event"))
-            .collect();
+        let stored: Vec<_> = store.events_from(1).map(|e| e.expect("event")).collect();
         assert_eq!(events, stored);
     }
 
     // The tasks left run, on a node they are for; new records are version
     // 2 among the old ones, and the log still verifies.
-    write_script(&root.path().join("hook.sh"), "#!/bin/sh\ncat >/dev/null\necho ok\n");
+    write_script(
+        &root.path().join("hook.sh"),
+        "#!/bin/sh\ncat >/dev/null\necho ok\n",
+    );
     let cfg = write_root(
         root.path(),
         "#!/bin/sh\ncat >/dev/null\necho ok\n",
@@ -439,31 +459,47 @@ fn a_daemon_expires_a_waiting_task_and_runs_the_next_one() {
     let d = Daemon::start(&cfg, &dir, &[]);
     // The head has a TTL too, but it starts at once: it runs to its end.
     let block = enqueue(&dir, "block", Some("300ms"));
-    wait_for("the head to run", || task_json(&dir, block)["status"] == "running");
+    wait_for("the head to run", || {
+        task_json(&dir, block)["status"] == "running"
+    });
     let short = enqueue(&dir, "short", Some("300ms"));
     let next = enqueue(&dir, "next", None);
     let t = task_json(&dir, short);
     assert_eq!(t["ttl_ms"], 300);
-    assert_eq!(t["expires_at"], t["queued_at"].as_u64().expect("queued_at") + 300);
-    wait_for("the expiry", || task_json(&dir, short)["status"] == "expired");
+    assert_eq!(
+        t["expires_at"],
+        t["queued_at"].as_u64().expect("queued_at") + 300
+    );
+    wait_for("the expiry", || {
+        task_json(&dir, short)["status"] == "expired"
+    });
     let t = task_json(&dir, short);
     assert_eq!(t["attempts"], 0);
     assert_eq!(t["expires_at"], serde_json::Value::Null);
     let queued_at = t["queued_at"].as_u64().expect("queued_at");
     let finished = t["finished_at"].as_u64().expect("finished_at");
-    assert!(finished >= queued_at + 300, "expired {} ms early", queued_at + 300 - finished);
+    assert!(
+        finished >= queued_at + 300,
+        "expired {} ms early",
+        queued_at + 300 - finished
+    );
     let o = berth(&dir, &["queue", "list"]);
     assert!(!stdout(&o).contains(":short"), "{}", stdout(&o));
     assert!(stdout(&o).contains("ModuleRun:main:next"), "{}", stdout(&o));
     std::fs::write(root.path().join("release"), "").expect("release");
-    wait_for("the next task", || task_json(&dir, next)["status"] == "succeeded");
+    wait_for("the next task", || {
+        task_json(&dir, next)["status"] == "succeeded"
+    });
     assert_eq!(task_json(&dir, block)["status"], "succeeded");
 
     let o = berth(&dir, &["task", "list", "--status", "expired"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = stdout(&o);
     assert_eq!(text.lines().count(), 2, "{text}");
-    assert!(text.contains(" short ") && text.contains("expired"), "{text}");
+    assert!(
+        text.contains(" short ") && text.contains("expired"),
+        "{text}"
+    );
     let o = berth(&dir, &["task", "show", &short.to_string()]);
     let text = stdout(&o);
     assert!(text.contains("status: expired\n"), "{text}");
@@ -486,7 +522,9 @@ fn a_ttl_survives_a_kill_and_the_restart_expires_the_task_on_time() {
     let dir = root.path().join("data");
     let mut d = Daemon::start(&cfg, &dir, &[]);
     let block = enqueue(&dir, "block", None);
-    wait_for("the head to run", || task_json(&dir, block)["status"] == "running");
+    wait_for("the head to run", || {
+        task_json(&dir, block)["status"] == "running"
+    });
     let later = enqueue(&dir, "later", Some("2s"));
     d.signal(libc::SIGKILL);
     d.wait_exit(Duration::from_secs(10));
@@ -504,14 +542,25 @@ fn a_ttl_survives_a_kill_and_the_restart_expires_the_task_on_time() {
     });
     let t = task_json(&dir, later);
     let finished = t["finished_at"].as_u64().expect("finished_at");
-    assert!(finished >= deadline, "expired {} ms early", deadline - finished);
+    assert!(
+        finished >= deadline,
+        "expired {} ms early",
+        deadline - finished
+    );
     // The restart took less than the TTL, so the daemon waited for the
     // deadline: it expired within a second of it, not at some later poll.
-    assert!(finished - deadline < 1_000, "expired {} ms late", finished - deadline);
+    assert!(
+        finished - deadline < 1_000,
+        "expired {} ms late",
+        finished - deadline
+    );
     // Recovery put the head back (interrupted), and it runs again: `later`
     // waited behind it and expired there.
     let b = task_json(&dir, block);
-    assert_eq!((&b["status"], &b["attempts"]), (&serde_json::json!("running"), &serde_json::json!(2)));
+    assert_eq!(
+        (&b["status"], &b["attempts"]),
+        (&serde_json::json!("running"), &serde_json::json!(2))
+    );
 }
 
 #[test]
@@ -522,7 +571,9 @@ fn bad_ttls_are_refused_naming_the_flag_or_entry_and_field() {
         let flag = format!("--ttl={bad}");
         let o = berth(
             &dir,
-            &["enqueue", "--queue", "main", "--kind", "K", "--name", "n", &flag],
+            &[
+                "enqueue", "--queue", "main", "--kind", "K", "--name", "n", &flag,
+            ],
         );
         assert_eq!(o.status.code(), Some(2), "--ttl {bad}: {}", stderr(&o));
         assert!(stderr(&o).contains("--ttl"), "{}", stderr(&o));
@@ -541,10 +592,16 @@ fn bad_ttls_are_refused_naming_the_flag_or_entry_and_field() {
             ),
         )
         .expect("write");
-        let o = berth(&dir, &["enqueue", "--batch", batch.to_str().expect("utf-8")]);
+        let o = berth(
+            &dir,
+            &["enqueue", "--batch", batch.to_str().expect("utf-8")],
+        );
         assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
         let e = stderr(&o);
-        assert!(e.contains("entry 2 of 2, field ttl") && e.contains(says), "{e}");
+        assert!(
+            e.contains("entry 2 of 2, field ttl") && e.contains(says),
+            "{e}"
+        );
     }
     assert!(!dir.exists(), "a refused enqueue created the data dir");
     // A good one is taken, and a batch groups only entries with one TTL.
@@ -555,9 +612,15 @@ fn bad_ttls_are_refused_naming_the_flag_or_entry_and_field() {
           {\"queue\":\"main\",\"kind\":\"K\",\"name\":\"c\",\"weight\":1}]",
     )
     .expect("write");
-    let o = berth(&dir, &["enqueue", "--batch", batch.to_str().expect("utf-8")]);
+    let o = berth(
+        &dir,
+        &["enqueue", "--batch", batch.to_str().expect("utf-8")],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
-    let ids: Vec<u64> = stdout(&o).lines().map(|l| l.parse().expect("an id")).collect();
+    let ids: Vec<u64> = stdout(&o)
+        .lines()
+        .map(|l| l.parse().expect("an id"))
+        .collect();
     assert_eq!(ids.len(), 2, "a group of a and b, then c alone: {ids:?}");
     let parent = task_json(&dir, ids[0]);
     assert_eq!(parent["ttl_ms"], 600_000);

@@ -291,10 +291,7 @@ impl Store {
         }
     }
 
-    fn read_record<T: crate::codec::Record>(
-        &self,
-        key: &[u8],
-    ) -> Result<Option<T>, ReadError> {
+    fn read_record<T: crate::codec::Record>(&self, key: &[u8]) -> Result<Option<T>, ReadError> {
         match self.get_raw(key)? {
             None => Ok(None),
             Some(v) => codec::decode(&v)
@@ -331,10 +328,7 @@ impl Store {
         self.scan(HISTORY)
     }
 
-    fn scan<T: crate::codec::Record>(
-        &self,
-        prefix: u8,
-    ) -> Vec<Result<T, CorruptRecord>> {
+    fn scan<T: crate::codec::Record>(&self, prefix: u8) -> Vec<Result<T, CorruptRecord>> {
         self.scan_keyed(&[prefix])
             .into_iter()
             .map(|(_, v)| v)
@@ -538,7 +532,10 @@ impl Store {
     /// The earliest TTL deadline of a task that may expire (once
     /// [`Store::track_deadlines`] was called; None before).
     pub fn next_deadline(&self) -> Option<u64> {
-        self.lock_inner().deadlines.as_ref().and_then(Deadlines::next)
+        self.lock_inner()
+            .deadlines
+            .as_ref()
+            .and_then(Deadlines::next)
     }
 
     /// Tasks placed in queues, in all.

@@ -107,7 +107,11 @@ mod tests {
 
     #[test]
     fn due_tasks_come_earliest_first_and_leave_when_they_start_or_finish() {
-        let tasks = [task(1, Some(500), 1000), task(2, Some(100), 1000), task(3, None, 0)];
+        let tasks = [
+            task(1, Some(500), 1000),
+            task(2, Some(100), 1000),
+            task(3, None, 0),
+        ];
         let mut d = Deadlines::of_tasks(&tasks);
         assert_eq!(d.len(), 2);
         assert_eq!(d.next(), Some(1100));

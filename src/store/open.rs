@@ -336,10 +336,12 @@ fn reapply(
         .and_then(|(k, _)| keys::parse_id_key(&k))
         .unwrap_or(0);
     let mark = match tree.get(keys::META_APPLIED).map_err(|e| o.db(e))? {
-        Some(v) if format != keys::STORE_FORMAT_V1 => codec::decode::<u64>(&v).unwrap_or_else(|e| {
-            corrupt.push(CorruptRecord::new(keys::META_APPLIED, e));
-            0
-        }),
+        Some(v) if format != keys::STORE_FORMAT_V1 => {
+            codec::decode::<u64>(&v).unwrap_or_else(|e| {
+                corrupt.push(CorruptRecord::new(keys::META_APPLIED, e));
+                0
+            })
+        }
         Some(_) | None if format == keys::STORE_FORMAT_V1 => last_record.saturating_sub(1),
         // A format-2 or 3 dir always has its mark; without it, re-apply everything.
         _ => 0,

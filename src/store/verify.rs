@@ -90,7 +90,11 @@ impl Model {
     /// finished other than expired.
     fn why_not_expirable(&self, t: &Task, at: u64) -> Option<String> {
         if t.status != crate::task::Status::Queued || t.attempts > 0 {
-            return Some(format!("it is {} after {} attempt(s)", t.status.as_str(), t.attempts));
+            return Some(format!(
+                "it is {} after {} attempt(s)",
+                t.status.as_str(),
+                t.attempts
+            ));
         }
         match crate::ttl::deadline(t) {
             None => return Some("it has no TTL".into()),

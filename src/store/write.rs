@@ -721,7 +721,8 @@ impl<'s> WriteTxn<'s> {
             };
             children.push(live);
         }
-        let started = crate::ttl::group_started(children.iter().map(|c| c.as_ref().map(|(t, p)| (t, *p))));
+        let started =
+            crate::ttl::group_started(children.iter().map(|c| c.as_ref().map(|(t, p)| (t, *p))));
         if started {
             return Err(wrong("a group that has started".into()));
         }
