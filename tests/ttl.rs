@@ -431,6 +431,10 @@ fn a_data_dir_from_before_ttls_reads_back_the_same_verifies_and_runs() {
     }
     let o = berth(&dir, &["verify"]);
     assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    // The daemon's open upgraded the store format (nothing else).
+    let db = sled::open(dir.join("db")).expect("sled");
+    let format = db.get(b"mformat").expect("read").expect("mformat");
+    assert_eq!(berth::codec::decode::<u64>(&format), Ok(3));
 }
 
 // ---- a real daemon ----
