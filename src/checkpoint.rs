@@ -34,6 +34,7 @@ const QUEUE_CHUNK: usize = 8192;
 
 /// One record of a checkpoint file.
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+#[bincode(decode_context = "crate::codec::Layout")]
 enum Entry {
     Head {
         last_seq: u64,
@@ -251,6 +252,7 @@ mod tests {
             parent: None,
             children: Vec::new(),
             result: None,
+            ttl_ms: Some(60_000),
         }
     }
 

@@ -9,12 +9,146 @@
 //! record that decodes re-encodes to the same bytes.
 //! bincode is pinned to 2.x (3.0 is an empty release); moving to another body
 //! encoding means a new version byte, and old records stay readable.
+//!
+//! Versions: 1 (every record written before tasks had a TTL) and 2 (since:
+//! a `Task` ends with its `ttl_ms`). Every other type has the same body in
+//! both. This build writes version 2 and reads both: a record is decoded
+//! with its version as bincode's decode context ([`Layout`]), which the
+//! one hand-written codec here, `Task`'s, looks at; the types that hold a
+//! task (`EventKind`, `Event`, `CommitRecord`) pass it down (their derive
+//! names the context). A record re-encodes to its own bytes at its own
+//! version: a version-1 record is checked against the version-1 encoding
+//! of the value it decodes to (see [`encode_as`]).
+
+use std::cell::Cell;
 
 use bincode::config;
-use bincode::{Decode, Encode};
+use bincode::de::{BorrowDecoder, Decoder};
+use bincode::enc::Encoder;
+use bincode::error::{DecodeError, EncodeError};
+use bincode::{BorrowDecode, Decode, Encode};
+
+use crate::task::Task;
 
 /// The version byte of records written by this build.
-pub const FORMAT_VERSION: u8 = 1;
+pub const FORMAT_VERSION: u8 = 2;
+
+/// The oldest version byte this build reads.
+pub const OLDEST_VERSION: u8 = 1;
+
+/// The first version whose `Task` has its TTL.
+const TASK_TTL_SINCE: u8 = 2;
+
+/// What a record's body is decoded with: the record's version byte.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    pub version: u8,
+}
+
+/// A type berth frames as a record: it encodes, and decodes at any
+/// version this build reads.
+pub trait Record: Decode<Layout> + Encode {}
+impl<T: Decode<Layout> + Encode> Record for T {}
+
+thread_local! {
+    /// The version bodies are encoded at on this thread: [`FORMAT_VERSION`]
+    /// except inside [`encode_as`] (bincode's encoder carries no context).
+    static ENCODING: Cell<u8> = const { Cell::new(FORMAT_VERSION) };
+}
+
+/// Sets the encoding version of this thread until dropped.
+struct EncodingAt(u8);
+
+impl EncodingAt {
+    fn set(version: u8) -> EncodingAt {
+        EncodingAt(ENCODING.replace(version))
+    }
+}
+
+impl Drop for EncodingAt {
+    fn drop(&mut self) {
+        ENCODING.set(self.0);
+    }
+}
+
+/// `Task`'s body: its fields in declaration order (ARCHITECTURE.md lists
+/// them), and from version 2 on its `ttl_ms` last. A task with a TTL has no
+/// version-1 form.
+impl Encode for Task {
+    fn encode<E: Encoder>(&self, e: &mut E) -> Result<(), EncodeError> {
+        self.id.encode(e)?;
+        self.kind.encode(e)?;
+        self.queue.encode(e)?;
+        self.name.encode(e)?;
+        self.description.encode(e)?;
+        self.weight.encode(e)?;
+        self.payload.encode(e)?;
+        self.tags.encode(e)?;
+        self.target.encode(e)?;
+        self.compaction_key.encode(e)?;
+        self.failures.encode(e)?;
+        self.attempts.encode(e)?;
+        self.last_failure.encode(e)?;
+        self.status.encode(e)?;
+        self.queued_at.encode(e)?;
+        self.started_at.encode(e)?;
+        self.finished_at.encode(e)?;
+        self.retry_at.encode(e)?;
+        self.parent.encode(e)?;
+        self.children.encode(e)?;
+        self.result.encode(e)?;
+        if ENCODING.get() >= TASK_TTL_SINCE {
+            self.ttl_ms.encode(e)?;
+        } else if self.ttl_ms.is_some() {
+            return Err(EncodeError::Other(
+                "a task with a TTL has no version-1 encoding",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Decode<Layout> for Task {
+    fn decode<D: Decoder<Context = Layout>>(d: &mut D) -> Result<Self, DecodeError> {
+        let version = d.context().version;
+        Ok(Task {
+            id: Decode::decode(d)?,
+            kind: Decode::decode(d)?,
+            queue: Decode::decode(d)?,
+            name: Decode::decode(d)?,
+            description: Decode::decode(d)?,
+            weight: Decode::decode(d)?,
+            payload: Decode::decode(d)?,
+            tags: Decode::decode(d)?,
+            target: Decode::decode(d)?,
+            compaction_key: Decode::decode(d)?,
+            failures: Decode::decode(d)?,
+            attempts: Decode::decode(d)?,
+            last_failure: Decode::decode(d)?,
+            status: Decode::decode(d)?,
+            queued_at: Decode::decode(d)?,
+            started_at: Decode::decode(d)?,
+            finished_at: Decode::decode(d)?,
+            retry_at: Decode::decode(d)?,
+            parent: Decode::decode(d)?,
+            children: Decode::decode(d)?,
+            result: Decode::decode(d)?,
+            ttl_ms: if version >= TASK_TTL_SINCE {
+                Decode::decode(d)?
+            } else {
+                None
+            },
+        })
+    }
+}
+
+impl<'de> BorrowDecode<'de, Layout> for Task {
+    fn borrow_decode<D: BorrowDecoder<'de, Context = Layout>>(
+        d: &mut D,
+    ) -> Result<Self, DecodeError> {
+        Decode::decode(d)
+    }
+}
 
 /// No record on disk may be larger than this (the object budget's ceiling
 /// plus room for the other fields of a task or event).
@@ -29,7 +163,9 @@ pub enum CodecError {
     Oversized { len: usize, max: usize },
     #[error("checksum mismatch (stored {stored:08x}, computed {computed:08x})")]
     Checksum { stored: u32, computed: u32 },
-    #[error("unknown format version {0} (this build reads version {FORMAT_VERSION})")]
+    #[error(
+        "unknown format version {0} (this build reads versions {OLDEST_VERSION} to {FORMAT_VERSION})"
+    )]
     Version(u8),
     #[error("record body does not decode: {0}")]
     Body(String),
@@ -45,21 +181,48 @@ fn base() -> config::Configuration {
     config::standard()
 }
 
-/// Frames a value as a record.
+/// Frames a value as a record (of [`FORMAT_VERSION`]).
 pub fn encode<T: Encode>(value: &T) -> Vec<u8> {
-    let mut out = Vec::with_capacity(256);
-    out.push(FORMAT_VERSION);
-    // Encoding into a Vec only fails for types that refuse to encode; ours never do.
-    if let Err(e) = bincode::encode_into_std_write(value, &mut out, base()) {
-        log::error!("codec: encoding failed: {e}");
+    match encode_as(value, FORMAT_VERSION) {
+        Ok(out) => out,
+        Err(e) => {
+            // Encoding at the current version into a Vec only fails for
+            // types that refuse to encode; ours never do.
+            log::error!("codec: encoding failed: {e}");
+            Vec::new()
+        }
     }
-    let crc = crc32fast::hash(&out);
-    out.extend_from_slice(&crc.to_le_bytes());
-    out
 }
 
-/// Checks the frame and returns the body.
-fn unframe(bytes: &[u8]) -> Result<&[u8], CodecError> {
+/// Frames a value as a record of an older `version` this build reads, as
+/// a build of that version wrote it (a value that has no such form, a task
+/// with a TTL at version 1, is refused). Used to check that a record
+/// re-encodes to its own bytes.
+pub fn encode_as<T: Encode>(value: &T, version: u8) -> Result<Vec<u8>, CodecError> {
+    if !(OLDEST_VERSION..=FORMAT_VERSION).contains(&version) {
+        return Err(CodecError::Version(version));
+    }
+    let mut out = Vec::with_capacity(256);
+    out.push(version);
+    let _at = EncodingAt::set(version);
+    bincode::encode_into_std_write(value, &mut out, base())
+        .map_err(|e| CodecError::Body(e.to_string()))?;
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    Ok(out)
+}
+
+/// The version byte of a record, if it has one this build reads (the
+/// frame is not checked).
+pub fn version_of(bytes: &[u8]) -> Option<u8> {
+    bytes
+        .first()
+        .copied()
+        .filter(|v| (OLDEST_VERSION..=FORMAT_VERSION).contains(v))
+}
+
+/// Checks the frame and returns the body's layout and the body.
+fn unframe(bytes: &[u8]) -> Result<(Layout, &[u8]), CodecError> {
     if bytes.len() > MAX_RECORD_BYTES {
         return Err(CodecError::Oversized {
             len: bytes.len(),
@@ -75,10 +238,11 @@ fn unframe(bytes: &[u8]) -> Result<&[u8], CodecError> {
     if stored != computed {
         return Err(CodecError::Checksum { stored, computed });
     }
-    if framed[0] != FORMAT_VERSION {
-        return Err(CodecError::Version(framed[0]));
+    let version = framed[0];
+    if !(OLDEST_VERSION..=FORMAT_VERSION).contains(&version) {
+        return Err(CodecError::Version(version));
     }
-    Ok(&framed[1..])
+    Ok((Layout { version }, &framed[1..]))
 }
 
 /// A bincode writer that compares what it is given with a record's body
@@ -97,19 +261,22 @@ impl bincode::enc::write::Writer for SameAs<'_> {
     }
 }
 
-fn decode_limited<T: Decode<()> + Encode, const LIMIT: usize>(
+fn decode_limited<T: Record, const LIMIT: usize>(
+    layout: Layout,
     body: &[u8],
 ) -> Result<T, CodecError> {
     let cfg = base().with_limit::<LIMIT>();
-    let (value, used) =
-        bincode::decode_from_slice(body, cfg).map_err(|e| CodecError::Body(e.to_string()))?;
+    let (value, used) = bincode::decode_from_slice_with_context(body, cfg, layout)
+        .map_err(|e| CodecError::Body(e.to_string()))?;
     if used != body.len() {
         return Err(CodecError::Trailing(body.len() - used));
     }
     // bincode also reads integers written in more bytes than they need (a
     // varint 5 as `251, 5, 0`). Only the canonical form is a record: every
-    // value has exactly one, so a record re-encodes to its own bytes.
+    // value has exactly one, so a record re-encodes to its own bytes (at
+    // its own version: a version-1 record to the version-1 encoding).
     let mut same = SameAs(body);
+    let _at = EncodingAt::set(layout.version);
     if bincode::encode_into_writer(&value, &mut same, base()).is_err() || !same.0.is_empty() {
         return Err(CodecError::NonCanonical);
     }
@@ -119,14 +286,15 @@ fn decode_limited<T: Decode<()> + Encode, const LIMIT: usize>(
 /// Decodes a record. Allocation while decoding is capped at about 32 times
 /// the input's size (strings and byte vectors can claim no more than the
 /// bytes that carry them; the factor covers small integers in vectors).
-/// Only the canonical encoding of a value decodes (what [`encode`] writes).
-pub fn decode<T: Decode<()> + Encode>(bytes: &[u8]) -> Result<T, CodecError> {
-    let body = unframe(bytes)?;
+/// Only the canonical encoding of a value decodes (what [`encode`] writes,
+/// or for a version-1 record what [`encode_as`] writes at version 1).
+pub fn decode<T: Record>(bytes: &[u8]) -> Result<T, CodecError> {
+    let (layout, body) = unframe(bytes)?;
     match body.len() {
-        0..=2_048 => decode_limited::<T, { 64 << 10 }>(body),
-        2_049..=65_536 => decode_limited::<T, { 2 << 20 }>(body),
-        65_537..=1_048_576 => decode_limited::<T, { 32 << 20 }>(body),
-        _ => decode_limited::<T, { 4 * MAX_RECORD_BYTES }>(body),
+        0..=2_048 => decode_limited::<T, { 64 << 10 }>(layout, body),
+        2_049..=65_536 => decode_limited::<T, { 2 << 20 }>(layout, body),
+        65_537..=1_048_576 => decode_limited::<T, { 32 << 20 }>(layout, body),
+        _ => decode_limited::<T, { 4 * MAX_RECORD_BYTES }>(layout, body),
     }
 }
 

@@ -18,9 +18,11 @@
 //!   still waiting outside every queue), when its children have the same
 //!   kinds and keys in the same order: each child takes its newer payload,
 //!   and the enqueue reports the parent's id.
-//! - A task that runs, has finished, or whose group has been dispatched is
-//!   never merged into: the new one is queued (it will run after, with the
-//!   new payload).
+//! - A task that runs, has finished (also one that expired), whose group
+//!   has been dispatched, or whose TTL has run out (it is due to expire,
+//!   see `ttl`) is never merged into: the new one is queued (it will run
+//!   after, with the new payload). A merge keeps the waiting task's TTL
+//!   and `queued_at`, so it expires when it would have.
 //!
 //! Each merge is one `merged` event (`EventKind::Merged`) in the same
 //! transaction as the rest of the enqueue, so a batch stays all or
@@ -137,10 +139,15 @@ fn read_queue(w: &mut WriteTxn<'_>, queue: &str) -> Result<Index, WriteError> {
     Ok(index)
 }
 
-/// The task, if it waits (`queued`). A corrupt record is never merged into.
+/// The task, if it waits (`queued`) and its TTL has not run out (a task
+/// due to expire is as good as expired: see `ttl`). A corrupt record is
+/// never merged into.
 fn waiting(w: &mut WriteTxn<'_>, id: u64) -> Result<Option<Task>, WriteError> {
+    let now = w.now();
+    let due =
+        |t: &Task| crate::ttl::may_expire(t) && crate::ttl::deadline(t).is_some_and(|d| d <= now);
     match w.peek(id) {
-        Ok(Some(t)) if t.status == Status::Queued => Ok(Some(t)),
+        Ok(Some(t)) if t.status == Status::Queued && !due(&t) => Ok(Some(t)),
         Ok(_) | Err(WriteError::Corrupt(_)) => Ok(None),
         Err(e) => Err(e),
     }

@@ -14,7 +14,8 @@
 use crate::task::{Status, Task, TaskSpec};
 
 /// Orders a batch by weight and groups runs of equal weight in one queue
-/// (with the same routing: target and tags):
+/// (with the same routing, target and tags, and the same TTL, which is the
+/// group's: see `ttl`):
 /// each inner list is one step, a single task or (two or more) a group, as
 /// indices into `specs` (so errors name the entry without searching for it).
 pub fn plan_indices(specs: &[TaskSpec]) -> Vec<Vec<usize>> {
@@ -31,6 +32,7 @@ pub fn plan_indices(specs: &[TaskSpec]) -> Vec<Vec<usize>> {
                     && specs[l].queue == s.queue
                     && specs[l].target == s.target
                     && specs[l].tags == s.tags
+                    && specs[l].ttl == s.ttl
             }
             None => false,
         };
@@ -76,8 +78,8 @@ pub fn parent_kind(children: &[TaskSpec]) -> String {
     }
 }
 
-/// The parent's spec: same queue, weight, target and tags (a run shares
-/// them, see [`plan_indices`]), and the children's shared description.
+/// The parent's spec: same queue, weight, target, tags and TTL (a run
+/// shares them, see [`plan_indices`]), and the children's shared description.
 pub fn parent_spec(children: &[TaskSpec]) -> TaskSpec {
     let first = &children[0];
     let shared = |f: fn(&TaskSpec) -> &Option<String>| {
@@ -98,6 +100,7 @@ pub fn parent_spec(children: &[TaskSpec]) -> TaskSpec {
         tags: first.tags.clone(),
         target: shared(|c| &c.target),
         compaction_key: None,
+        ttl: first.ttl,
     }
 }
 
@@ -194,12 +197,17 @@ pub fn progress(parent: &Task, children: &[Child], child_failed: bool) -> GroupP
         }
         let standing_error = (live && failures > 0) || (!live && status == Status::Failed);
         let cancelled = !live && status == Status::Cancelled;
+        // A child expires only with its parent, so a parent never sees one;
+        // if it did, the child ended without running, like a cancelled one.
+        let expired = !live && status == Status::Expired;
         if cancelled {
             errors.push((name, "cancelled"));
+        } else if expired {
+            errors.push((name, "expired"));
         } else if standing_error && let Some(m) = last_failure {
             errors.push((name, m));
         }
-        dead |= !live && matches!(status, Status::Failed | Status::Cancelled);
+        dead |= !live && matches!(status, Status::Failed | Status::Cancelled | Status::Expired);
     }
     let failures = parent.failures + u32::from(child_failed);
     let message = errors_message(errors);

@@ -26,4 +26,5 @@ pub mod store;
 pub mod submit;
 pub mod task;
 pub mod timeline;
+pub mod ttl;
 pub mod units;

@@ -324,6 +324,10 @@ fn task_fields(t: &Task, blob: impl Fn(&Blob, &'static str) -> Value) -> Value {
         "payload_compressed": t.payload.compressed,
         "payload": blob(&t.payload, "payload"),
         "result": t.result.as_ref().map(|r| blob(r, "result")),
+        "ttl_ms": t.ttl_ms,
+        // When it expires unless started by then; for a group parent the
+        // caller, which can read the children, corrects it (`task_show`).
+        "expires_at": crate::ttl::expires_at(t, false),
     })
 }
 
@@ -424,6 +428,8 @@ pub fn task_text(j: &serde_json::Value, now_ms: u64) -> String {
         "started_at",
         "finished_at",
         "retry_at",
+        "ttl_ms",
+        "expires_at",
         "parent",
         "children",
         "payload_compressed",
@@ -432,6 +438,23 @@ pub fn task_text(j: &serde_json::Value, now_ms: u64) -> String {
         let v = &j[k];
         let text = match v {
             serde_json::Value::Null => continue,
+            serde_json::Value::Number(n) if k == "ttl_ms" => {
+                let ttl = n.as_u64().map(std::time::Duration::from_millis);
+                let text = ttl.map_or_else(|| n.to_string(), crate::units::format_duration);
+                out.push_str(&format!("ttl: {text}\n"));
+                continue;
+            }
+            serde_json::Value::Number(n)
+                if k == "expires_at" && n.as_u64().is_some_and(|ms| ms <= now_ms) =>
+            {
+                let ms = n.as_u64().unwrap_or_default();
+                format!(
+                    "{} ({} ago; due to expire: it was not started within its TTL, and a \
+                     running daemon expires it at its next step)",
+                    format_time(ms),
+                    format_age(ms, now_ms)
+                )
+            }
             serde_json::Value::Number(n) if k.ends_with("_at") => match n.as_u64() {
                 Some(ms) if ms <= now_ms => {
                     format!("{} ({} ago)", format_time(ms), format_age(ms, now_ms))

@@ -4,6 +4,7 @@
 
 use bincode::{Decode, Encode};
 use serde::{Deserialize, Serialize};
+// `Task` is encoded by hand in `codec` (its layout depends on the version).
 
 use crate::budget::{Blob, Budget, BudgetError};
 
@@ -18,6 +19,8 @@ pub enum Status {
     // New variants go last: bincode encodes the variant's position.
     /// Ended by `berth task cancel` (variant 4).
     Cancelled,
+    /// Not started within its TTL (variant 5; see `ttl`).
+    Expired,
 }
 
 impl Status {
@@ -28,12 +31,14 @@ impl Status {
             Status::Succeeded => "succeeded",
             Status::Failed => "failed",
             Status::Cancelled => "cancelled",
+            Status::Expired => "expired",
         }
     }
 }
 
-/// A task as stored.
-#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+/// A task as stored. Its encoding is written out in `codec` (it depends on
+/// the record's version: `ttl_ms` came with version 2).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Task {
     /// Unique, increasing, never reused.
     pub id: u64,
@@ -66,6 +71,10 @@ pub struct Task {
     pub children: Vec<u64>,
     /// Output of the last run.
     pub result: Option<Blob>,
+    /// The time to live: a task not started within this many milliseconds
+    /// of `queued_at` expires (see `ttl`). None: it waits as long as it
+    /// takes. (New in record version 2; a version-1 task has none.)
+    pub ttl_ms: Option<u64>,
 }
 
 impl Task {
@@ -120,6 +129,14 @@ pub struct TaskSpec {
     pub target: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compaction_key: Option<String>,
+    /// The time to live: not started within it (from the enqueue), the
+    /// task expires (see `ttl`). Written as a duration (`"10m"`).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "crate::ttl::spec_field"
+    )]
+    pub ttl: Option<std::time::Duration>,
 }
 
 /// A spec that broke a rule: which field, and why.
@@ -210,6 +227,9 @@ impl TaskSpec {
         if let Some(k) = &self.compaction_key {
             check_text("compaction_key", k, true, 512)?;
         }
+        if let Some(d) = self.ttl {
+            crate::ttl::check(d).map_err(|r| spec_err("ttl", r))?;
+        }
         Ok(())
     }
 
@@ -239,6 +259,7 @@ impl TaskSpec {
             parent: None,
             children: Vec::new(),
             result: None,
+            ttl_ms: self.ttl.map(|d| d.as_millis() as u64),
         })
     }
 }

@@ -103,7 +103,7 @@ impl Entry {
                 }
                 d
             }
-            EventKind::Removed { .. } | EventKind::Cancelled { .. } | EventKind::Reserved12 => {
+            EventKind::Removed { .. } | EventKind::Cancelled { .. } | EventKind::Expired { .. } => {
                 String::new()
             }
             EventKind::MovedToHistory { status, .. } => format!("status {}", status.as_str()),

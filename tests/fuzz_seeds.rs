@@ -171,6 +171,7 @@ fn write_seeds() {
         tags: vec!["edge".into()],
         target: Some("edge-1".into()),
         compaction_key: None,
+        ttl: None,
     };
     let a = submit::enqueue_one(
         &store,

@@ -108,7 +108,7 @@ pub struct RunArgs {
 pub struct EnqueueArgs {
     /// A JSON file with an array of task specs (or {"tasks": [...]}), added
     /// all or nothing; `-` reads standard input.
-    #[arg(long, conflicts_with_all = ["queue", "kind", "name", "description", "weight", "payload", "payload_file", "tag", "target", "compaction_key", "first", "after", "before"])]
+    #[arg(long, conflicts_with_all = ["queue", "kind", "name", "description", "weight", "payload", "payload_file", "tag", "target", "compaction_key", "ttl", "first", "after", "before"])]
     pub batch: Option<PathBuf>,
     /// The queue to add the task to ([A-Za-z0-9_.-], at most 64).
     #[arg(long, required_unless_present = "batch")]
@@ -143,6 +143,10 @@ pub struct EnqueueArgs {
     /// its id is printed), instead of adding another.
     #[arg(long)]
     pub compaction_key: Option<String>,
+    /// The time to live (e.g. 10m): a task not started within it, counted
+    /// from now, expires (it goes to the history as `expired` and never runs).
+    #[arg(long, value_parser = parse_ttl)]
+    pub ttl: Option<std::time::Duration>,
     /// Add at the head of the queue instead of the tail.
     #[arg(long, conflicts_with_all = ["after", "before"])]
     pub first: bool,
@@ -285,6 +289,13 @@ fn parse_interval(s: &str) -> Result<std::time::Duration, String> {
         return Err("the interval must be at least 50ms".into());
     }
     Ok(d)
+}
+
+fn parse_ttl(s: &str) -> Result<std::time::Duration, String> {
+    berth::ttl::parse(s).map_err(|e| match e.starts_with('\'') {
+        true => e,
+        false => format!("'{s}' {e}"),
+    })
 }
 
 fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {

@@ -105,6 +105,7 @@ fn enqueue(s: &Session, a: EnqueueArgs) -> Result<(), CliError> {
         tags: a.tag,
         target: (!a.target.is_empty()).then(|| a.target.join(",")),
         compaction_key: a.compaction_key,
+        ttl: a.ttl,
     };
     // Check the spec (and its payload against the budget) before anything
     // is sent or opened: a refused enqueue changes nothing, with a daemon or

@@ -10,6 +10,7 @@ mod cancel;
 pub mod command;
 mod complete;
 mod dispatch;
+mod expire;
 pub mod handler;
 pub mod live;
 pub mod pool;
@@ -374,8 +375,8 @@ impl Engine {
         }
     }
 
-    /// One step: apply completions and cancel requests, start ready heads,
-    /// in one write (several when the attempts' logs are large: see
+    /// One step: apply completions and cancel requests, expire the tasks
+    /// whose TTL ran out (see `expire.rs`), start ready heads, in one write (several when the attempts' logs are large: see
     /// [`STEP_LOG_BYTES`]). Cancel requests are answered once the write
     /// that ended their task is durable.
     fn step(
@@ -408,6 +409,8 @@ impl Engine {
             for r in inbox.cancels {
                 answers.extend(sched.request_cancel(&mut w, r));
             }
+            // Before any head starts: a task past its TTL never starts.
+            progress += sched.expire_due(&mut w)?;
             let jobs = if dispatch {
                 sched.dispatch(&mut w, &env)?
             } else {
@@ -465,6 +468,10 @@ impl Engine {
             sched.note_recovered(&mut w, self.store.recovered())?;
             w.commit()?;
         }
+        let ttls = self.store.track_deadlines();
+        if ttls > 0 {
+            log::info!("{ttls} queued task(s) have a TTL; they expire unless started by then");
+        }
         let mut paused: Option<SpaceError> = None;
         loop {
             if let Some(why) = self.store.failure() {
@@ -496,7 +503,11 @@ impl Engine {
                 break;
             }
             let now = self.store.clock().now_ms();
-            let wake = sched.next_wake(now);
+            // The loop wakes for the next TTL deadline too.
+            let wake = match (sched.next_wake(now), self.store.next_deadline()) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             if until_idle
                 && paused.is_none()
                 && progress == 0

@@ -33,12 +33,13 @@ pub struct TaskFilter {
 }
 
 /// The status words a filter accepts.
-pub const STATUS_WORDS: [&str; 10] = [
+pub const STATUS_WORDS: [&str; 11] = [
     "queued",
     "running",
     "succeeded",
     "failed",
     "cancelled",
+    "expired",
     "dead",
     "waiting",
     "live",

@@ -56,7 +56,30 @@ pub fn queue_list(ctx: &Ctx<'_>) -> Result<Vec<QueueView>, OpError> {
 pub fn task_show(ctx: &Ctx<'_>, id: u64) -> Result<Value, OpError> {
     let store = ctx.store.ok_or_else(|| no_task(id))?;
     let task = store.task(id)?.ok_or_else(|| no_task(id))?;
-    Ok(report::task_wire(&task, store.budget()))
+    let mut wire = report::task_wire(&task, store.budget());
+    if !task.children.is_empty()
+        && let Some(m) = wire.as_object_mut()
+    {
+        let expires = crate::ttl::expires_at(&task, group_started(store, &task.children)?);
+        m.insert("expires_at".into(), serde_json::json!(expires));
+    }
+    Ok(wire)
+}
+
+/// Whether a group has started (see `ttl::group_started`), from its
+/// children's records and places.
+fn group_started(store: &Store, children: &[u64]) -> Result<bool, OpError> {
+    let mut known = Vec::with_capacity(children.len());
+    for c in children {
+        let live = store.live_task(*c)?;
+        known.push(live.map(|t| {
+            let placed = store.queue_of(t.id).is_some();
+            (t, placed)
+        }));
+    }
+    Ok(crate::ttl::group_started(
+        known.iter().map(|k| k.as_ref().map(|(t, p)| (t, *p))),
+    ))
 }
 
 /// Removes a task (a group parent with its children); returns the ids

@@ -13,6 +13,7 @@ use crate::clock::SharedClock;
 use crate::codec;
 use crate::store::attempts::AttemptLog;
 use crate::store::counters::Counting;
+use crate::store::deadlines::Deadlines;
 use crate::store::durability::{Durability, GroupCommit};
 use crate::store::error::WriteError;
 use crate::store::error::{CorruptRecord, ReadError};
@@ -80,6 +81,9 @@ pub(crate) struct Inner {
     pub next_seq: u64,
     /// Every kind's counters as of the last commit (see `counters`).
     pub counting: Counting,
+    /// The TTL deadlines of the live tasks, once a daemon's engine asked
+    /// for them (`track_deadlines`); kept up to date by every commit.
+    pub deadlines: Option<Deadlines>,
 }
 
 pub struct Store {
@@ -287,10 +291,7 @@ impl Store {
         }
     }
 
-    fn read_record<T: bincode::Decode<()> + bincode::Encode>(
-        &self,
-        key: &[u8],
-    ) -> Result<Option<T>, ReadError> {
+    fn read_record<T: crate::codec::Record>(&self, key: &[u8]) -> Result<Option<T>, ReadError> {
         match self.get_raw(key)? {
             None => Ok(None),
             Some(v) => codec::decode(&v)
@@ -327,10 +328,7 @@ impl Store {
         self.scan(HISTORY)
     }
 
-    fn scan<T: bincode::Decode<()> + bincode::Encode>(
-        &self,
-        prefix: u8,
-    ) -> Vec<Result<T, CorruptRecord>> {
+    fn scan<T: crate::codec::Record>(&self, prefix: u8) -> Vec<Result<T, CorruptRecord>> {
         self.scan_keyed(&[prefix])
             .into_iter()
             .map(|(_, v)| v)
@@ -339,7 +337,7 @@ impl Store {
 
     /// Every record whose key starts with `prefix`, with its key, in key
     /// order; corrupt ones as errors.
-    fn scan_keyed<T: bincode::Decode<()> + bincode::Encode>(
+    fn scan_keyed<T: crate::codec::Record>(
         &self,
         prefix: &[u8],
     ) -> Vec<(Vec<u8>, Result<T, CorruptRecord>)> {
@@ -526,6 +524,34 @@ impl Store {
             return Err(e.into());
         }
         self.flush_now().map_err(WriteError::Flush)
+    }
+
+    /// Builds the index of TTL deadlines from the live tasks (a corrupt
+    /// record is logged and left out: it cannot expire), and from now on
+    /// keeps it up to date at every commit. The engine calls it when it
+    /// starts; commands never do. Returns how many tasks may expire.
+    pub fn track_deadlines(&self) -> usize {
+        let mut inner = self.lock_inner();
+        let mut tasks = Vec::new();
+        for t in self.live_tasks() {
+            match t {
+                Ok(t) => tasks.push(t),
+                Err(c) => log::error!("a live task cannot be read, so it cannot expire: {c}"),
+            }
+        }
+        let d = Deadlines::of_tasks(&tasks);
+        let n = d.len();
+        inner.deadlines = Some(d);
+        n
+    }
+
+    /// The earliest TTL deadline of a task that may expire (once
+    /// [`Store::track_deadlines`] was called; None before).
+    pub fn next_deadline(&self) -> Option<u64> {
+        self.lock_inner()
+            .deadlines
+            .as_ref()
+            .and_then(Deadlines::next)
     }
 
     /// Tasks placed in queues, in all.

@@ -17,6 +17,7 @@ pub const INTERRUPTED: &str = "interrupted: the process stopped while this task 
 /// first event: its events (the log) and the exact key writes it made (the
 /// redo), so the last transaction can be re-applied after a crash.
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+#[bincode(decode_context = "crate::codec::Layout")]
 pub struct CommitRecord {
     /// The next task id after this transaction.
     pub next_id: u64,
@@ -32,6 +33,7 @@ pub struct KeyWrite {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+#[bincode(decode_context = "crate::codec::Layout")]
 pub struct Event {
     pub seq: u64,
     /// Milliseconds since the epoch.
@@ -39,7 +41,9 @@ pub struct Event {
     pub kind: EventKind,
 }
 
+/// A task inside an event is decoded at its record's version (see `codec`).
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+#[bincode(decode_context = "crate::codec::Layout")]
 pub enum EventKind {
     /// A new task; `placement` is None for a group child that waits for its parent.
     Enqueued {
@@ -104,11 +108,12 @@ pub enum EventKind {
     Cancelled {
         id: u64,
     },
-    // 12 is taken by work in progress (`Expired`). This placeholder keeps
-    // `Merged` at 13 until it lands in its place; nothing writes it, and a
-    // log that holds one does not replay.
-    #[doc(hidden)]
-    Reserved12,
+    /// The task was not started within its TTL (see `ttl`): it ends as
+    /// `expired`; a `MovedToHistory(expired)` follows in the same commit.
+    /// (Variant 12.)
+    Expired {
+        id: u64,
+    },
     /// An enqueue with the task's compaction key was merged into it while it
     /// waited: the task takes the newer payload and keeps everything else
     /// (its id, its place, its counts). See `compaction`.
@@ -133,9 +138,9 @@ impl EventKind {
             | EventKind::Retried { id, .. }
             | EventKind::AttemptLogged { id, .. }
             | EventKind::Cancelled { id }
+            | EventKind::Expired { id }
             | EventKind::Merged { id, .. }
             | EventKind::MovedToHistory { id, .. } => *id,
-            EventKind::Reserved12 => 0,
         }
     }
 
@@ -164,7 +169,7 @@ impl EventKind {
             EventKind::AttemptLogged { .. } => "attempt-logged",
             EventKind::Cancelled { .. } => "cancelled",
             EventKind::Merged { .. } => "merged",
-            EventKind::Reserved12 => "reserved",
+            EventKind::Expired { .. } => "expired",
         }
     }
 }
@@ -176,10 +181,14 @@ pub fn apply(task: &mut Task, at: u64, kind: &EventKind) {
     match kind {
         EventKind::Enqueued { .. }
         | EventKind::Removed { .. }
-        | EventKind::AttemptLogged { .. }
-        | EventKind::Reserved12 => {}
+        | EventKind::AttemptLogged { .. } => {}
         EventKind::Cancelled { .. } => {
             task.status = Status::Cancelled;
+            task.retry_at = None;
+            task.finished_at = Some(at);
+        }
+        EventKind::Expired { .. } => {
+            task.status = Status::Expired;
             task.retry_at = None;
             task.finished_at = Some(at);
         }

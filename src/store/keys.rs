@@ -51,7 +51,13 @@ pub const META_PARALLEL: &[u8] = b"mparallel";
 pub const META_NODE: &[u8] = b"mnode";
 
 /// The on-disk layout version (the key layout above; the record framing has its own byte).
-pub const STORE_FORMAT: u64 = 2;
+/// 3: records may be of version 2 (`codec`), which builds of format 2 cannot
+/// read; the key layout is format 2's. Opening upgrades a format-2 dir by
+/// writing this number: its version-1 records stay as they are and readable,
+/// and a format-2 build refuses the dir instead of misreading new records.
+pub const STORE_FORMAT: u64 = 3;
+/// Deferred apply (`mapplied`), every record of version 1. Opening upgrades it.
+pub const STORE_FORMAT_V2: u64 = 2;
 /// The format before deferred apply (no `mapplied`; only the last record may
 /// be partly applied). Opening upgrades it.
 pub const STORE_FORMAT_V1: u64 = 1;

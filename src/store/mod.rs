@@ -5,6 +5,7 @@
 pub mod attempts;
 pub mod counters;
 mod db;
+pub mod deadlines;
 pub mod durability;
 mod error;
 pub mod event;

@@ -298,7 +298,7 @@ fn check_format(o: &Opening<'_>, files: &DbFiles, read_only: bool) -> Result<u64
             keys::STORE_FORMAT
         }
         Some(v) => match codec::decode::<u64>(&v) {
-            Ok(f @ (keys::STORE_FORMAT | keys::STORE_FORMAT_V1)) => f,
+            Ok(f @ (keys::STORE_FORMAT | keys::STORE_FORMAT_V2 | keys::STORE_FORMAT_V1)) => f,
             Ok(other) => return Err(o.format_error(other.to_string())),
             Err(e) => return Err(o.format_error(format!("unreadable ({e})"))),
         },
@@ -336,12 +336,14 @@ fn reapply(
         .and_then(|(k, _)| keys::parse_id_key(&k))
         .unwrap_or(0);
     let mark = match tree.get(keys::META_APPLIED).map_err(|e| o.db(e))? {
-        Some(v) if format == keys::STORE_FORMAT => codec::decode::<u64>(&v).unwrap_or_else(|e| {
-            corrupt.push(CorruptRecord::new(keys::META_APPLIED, e));
-            0
-        }),
+        Some(v) if format != keys::STORE_FORMAT_V1 => {
+            codec::decode::<u64>(&v).unwrap_or_else(|e| {
+                corrupt.push(CorruptRecord::new(keys::META_APPLIED, e));
+                0
+            })
+        }
         Some(_) | None if format == keys::STORE_FORMAT_V1 => last_record.saturating_sub(1),
-        // A format-2 dir always has its mark; without it, re-apply everything.
+        // A format-2 or 3 dir always has its mark; without it, re-apply everything.
         _ => 0,
     };
     let (mut next_id, mut next_seq) = (1, 1);
@@ -361,7 +363,9 @@ fn reapply(
         }
     }
     overlay::write_mark(tree, last_record).map_err(|e| o.db(e))?;
-    if format == keys::STORE_FORMAT_V1 {
+    if format != keys::STORE_FORMAT {
+        // Upgrade: format 1 now has its mark; format 2 (and 1) records stay
+        // as they are, readable as version-1 records.
         tree.insert(keys::META_FORMAT, codec::encode(&keys::STORE_FORMAT))
             .map_err(|e| o.db(e))?;
     }
@@ -582,6 +586,7 @@ impl Store {
                 next_id: replayed.next_id,
                 next_seq: replayed.next_seq,
                 counting,
+                deadlines: None,
             }),
             commit,
             clock,

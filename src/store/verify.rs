@@ -17,7 +17,7 @@ use crate::store::order::Placement;
 use crate::task::Task;
 
 /// The state the log describes.
-#[derive(Debug, Default, Clone, PartialEq, Eq, bincode::Encode, bincode::Decode)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Model {
     pub live: BTreeMap<u64, Task>,
     pub history: BTreeMap<u64, Task>,
@@ -69,6 +69,8 @@ pub enum ReplayError {
     },
     #[error("event {seq} places task {id}, which is already in queue '{queue}'")]
     AlreadyQueued { seq: u64, id: u64, queue: String },
+    #[error("event {seq} expires task {id}, which cannot expire: {why}")]
+    NotExpirable { seq: u64, id: u64, why: String },
 }
 
 /// Where a placement puts a task in `queue`, or the anchor it lacks.
@@ -83,6 +85,46 @@ fn position(queue: Option<&Vec<u64>>, p: Placement) -> Result<usize, u64> {
 }
 
 impl Model {
+    fn queued(&self, id: u64) -> bool {
+        self.queues.values().any(|q| q.contains(&id))
+    }
+
+    /// Why live task `t` cannot expire at `at`, if it cannot: the rule of
+    /// `ttl`, as the log shows it. A group child may expire only while it
+    /// waits outside every queue (with its parent, which expires after
+    /// it); a parent only while none of its children was placed, started or
+    /// finished other than expired.
+    fn why_not_expirable(&self, t: &Task, at: u64) -> Option<String> {
+        if t.status != crate::task::Status::Queued || t.attempts > 0 {
+            return Some(format!(
+                "it is {} after {} attempt(s)",
+                t.status.as_str(),
+                t.attempts
+            ));
+        }
+        match crate::ttl::deadline(t) {
+            None => return Some("it has no TTL".into()),
+            Some(d) if d > at => return Some(format!("its TTL runs out at {d}, after {at}")),
+            Some(_) => {}
+        }
+        if t.parent.is_some() && self.queued(t.id) {
+            return Some("it is a group child that was dispatched".into());
+        }
+        for c in &t.children {
+            let started = match (self.live.get(c), self.history.get(c)) {
+                (Some(ct), _) => {
+                    self.queued(*c) || ct.attempts > 0 || ct.status != crate::task::Status::Queued
+                }
+                (None, Some(ct)) => ct.status != crate::task::Status::Expired,
+                (None, None) => true,
+            };
+            if started {
+                return Some(format!("its group started (child {c})"));
+            }
+        }
+        None
+    }
+
     fn unqueue(&mut self, id: u64) {
         self.queues.retain(|_, q| {
             q.retain(|x| *x != id);
@@ -218,6 +260,19 @@ impl Model {
                 event::apply(&mut task, ev.at, &ev.kind);
                 self.insert(&task.queue, id, at);
                 self.live.insert(id, task);
+            }
+            EventKind::Expired { .. } => {
+                let task = self.live.get(&id).ok_or_else(unknown)?;
+                if let Some(why) = self.why_not_expirable(task, ev.at) {
+                    return Err(ReplayError::NotExpirable {
+                        seq: ev.seq,
+                        id,
+                        why,
+                    });
+                }
+                if let Some(task) = self.live.get_mut(&id) {
+                    event::apply(task, ev.at, &ev.kind);
+                }
             }
             EventKind::MovedToHistory { .. } => {
                 let mut task = self.live.remove(&id).ok_or_else(unknown)?;

@@ -78,6 +78,9 @@ pub struct WriteTxn<'s> {
     /// The counts of the kinds this transaction's events touched (see
     /// `counters`), written with it.
     counts: BTreeMap<String, KindCounts>,
+    /// Tasks found due that cannot expire: their deadlines are dropped from
+    /// the index at commit (see `deadlines`).
+    stale_deadlines: Vec<u64>,
 }
 
 /// What [`WriteTxn::cancel`] did, and what it waits for.
@@ -111,6 +114,7 @@ impl<'s> WriteTxn<'s> {
             attempt_sets: BTreeMap::new(),
             attempt_writes: BTreeMap::new(),
             counts: BTreeMap::new(),
+            stale_deadlines: Vec::new(),
         }
     }
 
@@ -659,6 +663,80 @@ impl<'s> WriteTxn<'s> {
         Ok(Cancellation { ids, running })
     }
 
+    /// The tasks whose TTL ran out by this transaction's time, as the
+    /// deadline index says (empty when nothing tracks deadlines: see
+    /// `Store::track_deadlines`), earliest first.
+    pub fn due_for_expiry(&mut self) -> Vec<u64> {
+        let now = self.now;
+        self.inner()
+            .deadlines
+            .as_ref()
+            .map_or_else(Vec::new, |d| d.due(now))
+    }
+
+    /// Drops task `id` from the deadline index when this transaction
+    /// commits (it was due but cannot expire).
+    pub fn forget_deadline(&mut self, id: u64) {
+        self.stale_deadlines.push(id);
+    }
+
+    /// Expires a task that was not started within its TTL (see `ttl`):
+    /// `expired`, then `moved-to-history(expired)`; a group parent first
+    /// takes its children (none of which may have been dispatched). Refused
+    /// (`WrongState`) for a task that cannot expire: finished, started, a
+    /// group child on its own, a group that started, no TTL, or not due
+    /// yet at this transaction's time. Everything is checked before
+    /// anything is written. Returns the ids expired, children first.
+    pub fn expire(&mut self, id: u64) -> Result<Vec<u64>, WriteError> {
+        let task = self.live(id, "expire it")?.clone();
+        let wrong = |state: String| WriteError::WrongState {
+            id,
+            state,
+            op: "expire it",
+        };
+        if let Some(p) = task.parent {
+            return Err(wrong(format!("part of group {p}")));
+        }
+        if !crate::ttl::may_expire(&task) {
+            return Err(wrong(match (task.ttl_ms, task.status, task.attempts) {
+                (None, ..) => "without a TTL".into(),
+                (_, Status::Queued, n) if n > 0 => "started before".into(),
+                (_, status, _) => status.as_str().into(),
+            }));
+        }
+        if let Some(at) = crate::ttl::deadline(&task).filter(|at| *at > self.now) {
+            return Err(wrong(format!(
+                "not due until {}",
+                crate::units::format_time(at)
+            )));
+        }
+        let mut children = Vec::new();
+        for c in task.children.iter().copied() {
+            let live = match self.peek(c)? {
+                Some(t) if self.is_live(c)? => {
+                    let placed = self.queue_of(c).is_some();
+                    Some((t, placed))
+                }
+                _ => None,
+            };
+            children.push(live);
+        }
+        let started =
+            crate::ttl::group_started(children.iter().map(|c| c.as_ref().map(|(t, p)| (t, *p))));
+        if started {
+            return Err(wrong("a group that has started".into()));
+        }
+        let mut ids: Vec<u64> = children.iter().flatten().map(|(t, _)| t.id).collect();
+        for c in ids.clone() {
+            self.push_event(EventKind::Expired { id: c })?;
+            self.to_history(c, Status::Expired)?;
+        }
+        self.push_event(EventKind::Expired { id })?;
+        self.to_history(id, Status::Expired)?;
+        ids.push(id);
+        Ok(ids)
+    }
+
     /// Number of events staged.
     pub fn len(&self) -> usize {
         self.events.len()
@@ -728,6 +806,12 @@ impl<'s> WriteTxn<'s> {
     /// the durability mode says.
     pub fn commit(mut self) -> Result<Receipt, WriteError> {
         if self.events.is_empty() {
+            let stale = std::mem::take(&mut self.stale_deadlines);
+            if let Some(d) = self.inner().deadlines.as_mut() {
+                for id in stale {
+                    d.forget(id);
+                }
+            }
             return Ok(Receipt {
                 last_seq: 0,
                 events: 0,
@@ -775,11 +859,20 @@ impl<'s> WriteTxn<'s> {
         };
         let (next_id, next_seq) = (self.next_id, self.next_seq);
         let counts = std::mem::take(&mut self.counts);
+        let stale = std::mem::take(&mut self.stale_deadlines);
         let inner = self.inner();
         inner.next_id = next_id;
         inner.next_seq = next_seq;
         inner.counting.stored |= count_since.is_some();
         inner.counting.counts.extend(counts);
+        if let Some(d) = inner.deadlines.as_mut() {
+            for e in &record.events {
+                d.note(&e.kind);
+            }
+            for id in stale {
+                d.forget(id);
+            }
+        }
         self.undo.clear();
         self.inner = None; // release the write lock before waiting for the disk
         self.store.wait_durable(ticket)?;

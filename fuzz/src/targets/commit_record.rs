@@ -8,6 +8,9 @@
 //! - odd: raw. The rest is a record's version byte and body, framed with a
 //!   correct checksum and decoded; whatever decodes is replayed.
 //!
+//! Events include `expired` (which the model accepts only for a task that
+//! never started, see `ttl`).
+//!
 //! Asserts, for every event applied to the model (`verify::Model::apply`):
 //! - it never panics;
 //! - an event the model refuses leaves it exactly as it was;
@@ -127,6 +130,10 @@ enum Ev {
         id: Id,
         placement: Place,
     },
+    /// Last, so that older structured seeds read as before where they can.
+    Expired {
+        id: Id,
+    },
 }
 
 fn task(id: u64, queue: &str, parent: Option<u64>, children: Vec<u64>) -> Task {
@@ -152,6 +159,10 @@ fn task(id: u64, queue: &str, parent: Option<u64>, children: Vec<u64>) -> Task {
         parent,
         children,
         result: None,
+        // Every task may expire (its TTL ran out at 1 + 1000 ms, before the
+        // events' time): the model checks the rest (never started, not a
+        // dispatched child, a group that has not started).
+        ttl_ms: Some(1_000),
     }
 }
 
@@ -214,6 +225,7 @@ impl Ev {
                 id: id.get(),
                 placement: placement.get(),
             },
+            Ev::Expired { id } => EventKind::Expired { id: id.get() },
         }
     }
 }

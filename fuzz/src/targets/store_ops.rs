@@ -6,7 +6,8 @@
 //! name), start, succeed (with or without a result), fail (with or without
 //! a delay), requeue, update a group parent, move to the history, place a
 //! waiting task (a group child being dispatched), remove (a group parent
-//! takes its children), retry a dead letter, several of these in one
+//! takes its children), retry a dead letter, expire (every task has a TTL
+//! that `Advance` runs out; a parent takes its waiting children), several of these in one
 //! transaction that is committed or dropped, batches whose entries of equal
 //! weight become groups, moving the clock, and reopening the data dir (which
 //! recovers tasks left running; at most 3 times an input, as it is slow). Payloads and results come in every size
@@ -51,6 +52,8 @@ const MAX_REOPENS: usize = 3;
 const MAX_BATCH: usize = 8;
 const QUEUES: [&str; 3] = ["main", "parallel_queue_0", "q.x-1"];
 const BAD_QUEUE: &str = "bad queue";
+/// Every task's TTL: a few `Advance`s run it out.
+const TTL_MS: u64 = 50_000;
 
 fn budget() -> Budget {
     Budget {
@@ -154,6 +157,8 @@ enum TxOp {
     Place(T, Q, P),
     Remove(T),
     Retry(T, P),
+    /// Last, so that older seeds read as before where they can.
+    Expire(T),
 }
 
 #[derive(Arbitrary, Debug, Clone)]
@@ -332,6 +337,9 @@ fn spec(queue: &str, kind: &str, name: String, weight: Option<i64>, payload: Pay
         tags: vec!["edge".into()],
         target: None,
         compaction_key: None,
+        // Every task has the same TTL (so batches group as before), which
+        // `Advance` can run out.
+        ttl: Some(Duration::from_millis(TTL_MS)),
     }
 }
 
@@ -523,6 +531,52 @@ fn run_one(w: &mut WriteTxn<'_>, m: &mut Model, op: &TxOp) -> usize {
                 for r in removed {
                     m.unqueue(r);
                     m.tasks.remove(&r);
+                }
+            })
+        }
+        TxOp::Expire(t) => {
+            let id = t.get(m);
+            // The rule of `ttl`: live, queued, never started, not a group
+            // child, due; a parent takes its live children, none of which
+            // may have been placed, started or finished.
+            let want = m.live(id).and_then(|t| {
+                let due = t.ttl_ms.is_some_and(|ttl| t.queued_at + ttl <= now);
+                let fresh = t.status == Status::Queued && t.attempts == 0;
+                if t.parent.is_some() || !fresh || !due {
+                    return Err(Want::WrongState(id));
+                }
+                let started = t.children.iter().any(|c| match m.tasks.get(c) {
+                    Some((ct, Home::Live)) => {
+                        m.queue_of(*c).is_some() || ct.attempts > 0 || ct.status != Status::Queued
+                    }
+                    _ => true,
+                });
+                if started {
+                    return Err(Want::WrongState(id));
+                }
+                Ok(())
+            });
+            let expired: Vec<u64> = match m.tasks.get(&id) {
+                Some((t, _)) => t
+                    .children
+                    .iter()
+                    .copied()
+                    .filter(|c| matches!(m.tasks.get(c), Some((_, Home::Live))))
+                    .chain([id])
+                    .collect(),
+                None => Vec::new(),
+            };
+            let got = w.expire(id);
+            let events = 2 * expired.len();
+            expect((op, id), want, got, m, events, |m, got| {
+                assert_eq!(got, expired, "expire({id}) expired other tasks");
+                for e in expired {
+                    m.unqueue(e);
+                    let (t, home) = m.tasks.get_mut(&e).expect("checked");
+                    t.status = Status::Expired;
+                    t.retry_at = None;
+                    t.finished_at = Some(now);
+                    *home = Home::History;
                 }
             })
         }
