@@ -26,12 +26,13 @@
 //! Segments decode in parallel ([`read_all`], with rayon).
 
 use std::fs::{self, File};
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 
 use crate::codec;
+use crate::frame;
 use crate::store::event::CommitRecord;
 
 /// The folder of a data dir's archive.
@@ -84,12 +85,8 @@ pub fn write_segment(
     records: &[Vec<u8>],
 ) -> io::Result<PathBuf> {
     fs::create_dir_all(dir)?;
-    let mut raw = Vec::with_capacity(records.iter().map(|r| r.len() + 4).sum());
-    for r in records {
-        raw.extend_from_slice(&(r.len() as u32).to_le_bytes());
-        raw.extend_from_slice(r);
-    }
-    let packed = zstd::bulk::compress(&raw, LEVEL)?;
+    let raw = frame::pack(records);
+    let packed = frame::compress(&raw, LEVEL)?;
     let mut out = Vec::with_capacity(HEADER + packed.len() + 4);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
@@ -100,31 +97,13 @@ pub fn write_segment(
     out.extend_from_slice(&(raw.len() as u64).to_le_bytes());
     out.extend_from_slice(&(packed.len() as u64).to_le_bytes());
     out.extend_from_slice(&packed);
-    let crc = crc32fast::hash(&out);
-    out.extend_from_slice(&crc.to_le_bytes());
+    frame::seal(&mut out);
     let path = dir.join(segment_name(first_seq));
-    let tmp = dir.join(format!(".{}.tmp", segment_name(first_seq)));
-    {
-        let mut f = File::create(&tmp)?;
-        f.write_all(&out)?;
-        f.sync_all()?;
-    }
-    fs::rename(&tmp, &path)?;
-    File::open(dir)?.sync_all()?;
+    frame::write_atomic(&path, &out, 0o600)?;
     Ok(path)
 }
 
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(a)
-}
-
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    let mut a = [0u8; 4];
-    a.copy_from_slice(&b[at..at + 4]);
-    u32::from_le_bytes(a)
-}
+use frame::{u32_at, u64_at};
 
 /// Checks a segment's header (only) and says what it holds.
 fn parse_header(path: &Path, bytes: &[u8]) -> Result<(SegmentInfo, u64, u64), ArchiveError> {
@@ -156,13 +135,7 @@ fn parse_header(path: &Path, bytes: &[u8]) -> Result<(SegmentInfo, u64, u64), Ar
             "it claims {raw_len} bytes of records; at most {MAX_SEGMENT_BYTES} are read"
         )));
     }
-    let stored = u32_at(bytes, bytes.len() - 4);
-    let computed = crc32fast::hash(&bytes[..bytes.len() - 4]);
-    if stored != computed {
-        return Err(invalid(format!(
-            "checksum mismatch (stored {stored:08x}, computed {computed:08x})"
-        )));
-    }
+    frame::check_seal(bytes).map_err(invalid)?;
     let info = SegmentInfo {
         path: path.to_path_buf(),
         first_seq: u64_at(bytes, 12),
@@ -186,19 +159,12 @@ pub fn read_segment(path: &Path) -> Result<(SegmentInfo, Vec<CommitRecord>), Arc
         source,
     })?;
     let (info, raw_len, _) = parse_header(path, &bytes)?;
-    let raw =
-        zstd::bulk::decompress(&bytes[HEADER..bytes.len() - 4], raw_len as usize).map_err(|e| {
-            ArchiveError::Invalid {
-                path: path.to_path_buf(),
-                why: format!("its records do not decompress: {e}"),
-            }
-        })?;
-    if raw.len() as u64 != raw_len {
-        return Err(ArchiveError::Invalid {
+    let raw = frame::inflate(&bytes[HEADER..bytes.len() - 4], raw_len, MAX_SEGMENT_BYTES).map_err(
+        |why| ArchiveError::Invalid {
             path: path.to_path_buf(),
-            why: format!("{} bytes decompressed, {raw_len} expected", raw.len()),
-        });
-    }
+            why,
+        },
+    )?;
     let slices = split_records(path, &raw, info.records)?;
     let records = slices
         .par_iter()
@@ -217,26 +183,14 @@ pub fn read_segment(path: &Path) -> Result<(SegmentInfo, Vec<CommitRecord>), Arc
 /// Cuts the decompressed records apart by their length prefixes.
 fn split_records<'a>(
     path: &Path,
-    mut raw: &'a [u8],
+    raw: &'a [u8],
     count: u32,
 ) -> Result<Vec<&'a [u8]>, ArchiveError> {
-    let mut out = Vec::with_capacity(count.min(1 << 20) as usize);
-    while !raw.is_empty() {
-        let bad = |why: &str| ArchiveError::Record {
-            path: path.to_path_buf(),
-            index: out.len(),
-            why: why.to_string(),
-        };
-        if raw.len() < 4 {
-            return Err(bad("a record's length is cut short"));
-        }
-        let len = u32_at(raw, 0) as usize;
-        if raw.len() - 4 < len {
-            return Err(bad("a record is cut short"));
-        }
-        out.push(&raw[4..4 + len]);
-        raw = &raw[4 + len..];
-    }
+    let out = frame::split(raw).map_err(|e| ArchiveError::Record {
+        path: path.to_path_buf(),
+        index: e.index,
+        why: e.why.to_string(),
+    })?;
     if out.len() != count as usize {
         return Err(ArchiveError::Invalid {
             path: path.to_path_buf(),

@@ -14,6 +14,7 @@ mod attempts;
 mod list;
 mod metrics;
 mod tasks;
+mod transfer;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -28,6 +29,7 @@ pub use attempts::{task_cancel, task_log, task_output};
 pub use list::{STATUS_WORDS, TaskFilter, glob, task_list};
 pub use metrics::metrics;
 pub use tasks::{enqueue, enqueue_batch, queue_list, task_remove, task_retry, task_show};
+pub use transfer::{INTERRUPTED_BY_EXPORT, Selection, check_import, export, import, read_export};
 
 /// What kind of failure an operation met; it decides the exit code and the
 /// socket's `code` (README.md, "Exit codes").
@@ -253,6 +255,25 @@ pub enum Request {
     /// Every metric family (`berth metrics`); a struct variant for the
     /// reason `QueueList` is one.
     Metrics {},
+    /// `berth export`: the daemon (or the command) writes the selected
+    /// tasks to `path`, an absolute path on this machine.
+    Export {
+        path: std::path::PathBuf,
+        #[serde(default)]
+        queues: Vec<String>,
+        #[serde(default)]
+        statuses: Vec<String>,
+        #[serde(default)]
+        history: bool,
+    },
+    /// `berth import`: adds the tasks of the export file at `path` (an
+    /// absolute path on this machine); `label` names it in messages
+    /// (`standard input`).
+    Import {
+        path: std::path::PathBuf,
+        #[serde(default)]
+        label: Option<String>,
+    },
 }
 
 /// What a request does to the data dir, for a command that opens it itself.
@@ -269,7 +290,9 @@ pub enum Access {
 impl Request {
     pub fn access(&self) -> Access {
         match self {
-            Request::Enqueue { .. } | Request::EnqueueBatch { .. } => Access::Create,
+            Request::Enqueue { .. } | Request::EnqueueBatch { .. } | Request::Import { .. } => {
+                Access::Create
+            }
             Request::TaskRemove { .. } | Request::TaskRetry { .. } | Request::TaskCancel { .. } => {
                 Access::Write
             }
@@ -278,7 +301,8 @@ impl Request {
             | Request::TaskList { .. }
             | Request::TaskLog { .. }
             | Request::TaskOutput { .. }
-            | Request::Metrics {} => Access::Read,
+            | Request::Metrics {}
+            | Request::Export { .. } => Access::Read,
         }
     }
 }
@@ -318,5 +342,20 @@ pub fn execute(ctx: &Ctx<'_>, req: Request) -> Result<Value, OpError> {
         } => task_output(ctx, id, attempt, stdout_from, stderr_from),
         Request::TaskCancel { id } => task_cancel(ctx, id).map(|ids| json!(ids)),
         Request::Metrics {} => metrics(ctx).map(|families| json!(families)),
+        Request::Export {
+            path,
+            queues,
+            statuses,
+            history,
+        } => export(
+            ctx,
+            &path,
+            &Selection {
+                queues,
+                statuses,
+                history,
+            },
+        ),
+        Request::Import { path, label } => import(ctx, &path, label.as_deref()),
     }
 }
