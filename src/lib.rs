@@ -6,6 +6,7 @@
 pub mod archive;
 pub mod attempt_view;
 pub mod backoff;
+pub mod backup;
 pub mod budget;
 pub mod clock;
 pub mod codec;
