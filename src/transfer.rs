@@ -542,7 +542,8 @@ mod tests {
 
     #[test]
     fn records_that_disagree_are_refused() {
-        let cases: Vec<(&str, Box<dyn Fn(&mut Export)>)> = vec![
+        type Change = Box<dyn Fn(&mut Export)>;
+        let cases: Vec<(&str, Change)> = vec![
             ("twice", Box::new(|x| x.tasks.push(x.tasks[2].clone()))),
             (
                 "no queue record",

@@ -592,7 +592,7 @@ fn through_daemons_a_running_task_comes_back_queued_and_everything_runs() {
 fn a_daemon_writes_backups_and_keeps_the_newest() {
     let root = tempdir();
     std::fs::create_dir(root.path().join("backups")).expect("mkdir");
-    let cfg = write_root(
+    write_root(
         root.path(),
         HOOK,
         &config(
