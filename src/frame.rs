@@ -49,14 +49,25 @@ pub fn check_seal(bytes: &[u8]) -> Result<(), String> {
 }
 
 /// Inflates one zstd frame to exactly `raw_len` bytes, refusing more (and
-/// refusing a `raw_len` over `cap` before allocating anything).
+/// refusing a `raw_len` over `cap` before allocating anything). The output
+/// grows as it is inflated, so a length claim that the frame does not back
+/// costs no memory.
 pub fn inflate(packed: &[u8], raw_len: u64, cap: u64) -> Result<Vec<u8>, String> {
+    use std::io::Read;
     if raw_len > cap {
         return Err(format!(
             "it claims {raw_len} bytes of records; at most {cap} are read"
         ));
     }
-    let raw = zstd::bulk::decompress(packed, raw_len as usize)
+    let mut decoder = zstd::stream::read::Decoder::with_buffer(packed)
+        .map_err(|e| format!("its records do not decompress: {e}"))?
+        .single_frame();
+    let start = raw_len.min(packed.len() as u64 * 4 + (64 << 10)) as usize;
+    let mut raw = Vec::with_capacity(start);
+    decoder
+        .by_ref()
+        .take(raw_len + 1)
+        .read_to_end(&mut raw)
         .map_err(|e| format!("its records do not decompress: {e}"))?;
     if raw.len() as u64 != raw_len {
         return Err(format!(

@@ -17,6 +17,7 @@ mod config;
 mod control;
 mod gzip;
 mod store_ops;
+mod transfer;
 mod units;
 
 pub use batch::batch;
@@ -26,6 +27,7 @@ pub use config::config;
 pub use control::control;
 pub use gzip::gzip;
 pub use store_ops::store_ops;
+pub use transfer::transfer;
 pub use units::units;
 
 #[global_allocator]
@@ -44,6 +46,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("control", control),
     ("gzip", gzip),
     ("store_ops", store_ops),
+    ("transfer", transfer),
     ("units", units),
 ];
 
