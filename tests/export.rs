@@ -738,3 +738,49 @@ fn the_readme_worked_example_works() {
         ]
     );
 }
+
+#[test]
+fn a_failed_backup_is_logged_and_tried_again_and_the_daemon_goes_on() {
+    let root = tempdir();
+    let backups = root.path().join("backups");
+    std::fs::create_dir(&backups).expect("mkdir");
+    write_root(
+        root.path(),
+        HOOK,
+        &config("edge-1", "[backup]\nevery = \"1s\"\npath = \"backups\"\n"),
+    );
+    let mut d = Daemon::start_in(root.path());
+    let count = |d: &Daemon, what: &str| d.log_text().lines().filter(|l| l.contains(what)).count();
+    wait_for("a backup", || count(&d, "] backup ") >= 1);
+    // The folder goes away: the next backups fail, and are logged.
+    let away = root.path().join("away");
+    std::fs::rename(&backups, &away).expect("move the folder away");
+    wait_for("a failed backup", || {
+        count(&d, "failed (tried again in 1s)") >= 1
+    });
+    assert!(
+        d.child.try_wait().expect("try_wait").is_none(),
+        "the daemon stopped"
+    );
+    // It comes back: so do the backups.
+    std::fs::create_dir(&backups).expect("mkdir");
+    wait_for("a backup in the new folder", || {
+        std::fs::read_dir(&backups).expect("ls").count() >= 1
+    });
+    let o = berth(
+        &root.path().join("data"),
+        &[
+            "enqueue",
+            "--queue",
+            "q",
+            "--kind",
+            "ModuleRun",
+            "--name",
+            "n",
+        ],
+    );
+    ok(&o, "the daemon still serves");
+    d.signal(libc::SIGTERM);
+    let (status, _) = d.wait_exit(Duration::from_secs(20));
+    assert!(status.success(), "{status}");
+}
