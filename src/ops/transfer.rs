@@ -97,8 +97,14 @@ pub fn export(ctx: &Ctx<'_>, path: &Path, sel: &Selection) -> Result<Value, OpEr
         node: node.and_then(|n| n.name),
         ..export
     };
-    let bytes = transfer::encode(&export)
-        .map_err(|e| OpError::input(format!("{}: {e}", path.display())))?;
+    let bytes = transfer::encode(&export).map_err(|e| match e {
+        transfer::FormatError::TooLarge(_) => OpError::input(format!(
+            "{}: {e}: export fewer tasks at a time (--queue, --status)",
+            path.display()
+        )),
+        // The store's own tasks do not agree (a damaged data dir).
+        e => OpError::runtime(format!("cannot export the data dir's tasks: {e}")),
+    })?;
     frame::write_atomic(path, &bytes, 0o600)
         .map_err(|e| OpError::runtime(format!("writing {}: {e}", path.display())))?;
     Ok(summary(&export, bytes.len(), path))
