@@ -26,12 +26,13 @@
 //! Segments decode in parallel ([`read_all`], with rayon).
 
 use std::fs::{self, File};
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 
 use crate::codec;
+use crate::frame;
 use crate::store::event::CommitRecord;
 
 /// The folder of a data dir's archive.
@@ -105,12 +106,8 @@ pub(crate) fn write_file(
     records: &[Vec<u8>],
 ) -> io::Result<PathBuf> {
     fs::create_dir_all(dir)?;
-    let mut raw = Vec::with_capacity(records.iter().map(|r| r.len() + 4).sum());
-    for r in records {
-        raw.extend_from_slice(&(r.len() as u32).to_le_bytes());
-        raw.extend_from_slice(r);
-    }
-    let packed = zstd::bulk::compress(&raw, LEVEL)?;
+    let raw = frame::pack(records);
+    let packed = frame::compress(&raw, LEVEL)?;
     let mut out = Vec::with_capacity(HEADER + packed.len() + 4);
     out.extend_from_slice(magic);
     out.extend_from_slice(&VERSION.to_le_bytes());
@@ -121,31 +118,13 @@ pub(crate) fn write_file(
     out.extend_from_slice(&(raw.len() as u64).to_le_bytes());
     out.extend_from_slice(&(packed.len() as u64).to_le_bytes());
     out.extend_from_slice(&packed);
-    let crc = crc32fast::hash(&out);
-    out.extend_from_slice(&crc.to_le_bytes());
+    frame::seal(&mut out);
     let path = dir.join(name);
-    let tmp = dir.join(format!(".{name}.tmp"));
-    {
-        let mut f = File::create(&tmp)?;
-        f.write_all(&out)?;
-        f.sync_all()?;
-    }
-    fs::rename(&tmp, &path)?;
-    File::open(dir)?.sync_all()?;
+    frame::write_atomic(&path, &out, 0o600)?;
     Ok(path)
 }
 
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(a)
-}
-
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    let mut a = [0u8; 4];
-    a.copy_from_slice(&b[at..at + 4]);
-    u32::from_le_bytes(a)
-}
+use frame::{u32_at, u64_at};
 
 /// Checks a segment's header (only) and says what it holds.
 fn parse_header(
@@ -184,13 +163,7 @@ fn parse_header(
             "it claims {raw_len} bytes of records; at most {MAX_SEGMENT_BYTES} are read"
         )));
     }
-    let stored = u32_at(bytes, bytes.len() - 4);
-    let computed = crc32fast::hash(&bytes[..bytes.len() - 4]);
-    if stored != computed {
-        return Err(invalid(format!(
-            "checksum mismatch (stored {stored:08x}, computed {computed:08x})"
-        )));
-    }
+    frame::check_seal(bytes).map_err(invalid)?;
     let info = SegmentInfo {
         path: path.to_path_buf(),
         first_seq: u64_at(bytes, 12),
@@ -237,25 +210,13 @@ pub(crate) fn decode_file(
     magic: &[u8; 8],
     bytes: &[u8],
 ) -> Result<(SegmentInfo, Vec<u8>), ArchiveError> {
-    use std::io::Read;
     let (info, raw_len, _) = parse_header(path, magic, bytes)?;
-    let invalid = |why: String| ArchiveError::Invalid {
-        path: path.to_path_buf(),
-        why,
-    };
-    let decoder = zstd::stream::read::Decoder::new(&bytes[HEADER..bytes.len() - 4])
-        .map_err(|e| invalid(format!("its records do not decompress: {e}")))?;
-    let mut raw = Vec::new();
-    decoder
-        .take(raw_len + 1)
-        .read_to_end(&mut raw)
-        .map_err(|e| invalid(format!("its records do not decompress: {e}")))?;
-    if raw.len() as u64 != raw_len {
-        return Err(invalid(format!(
-            "{} bytes decompressed, {raw_len} expected",
-            raw.len()
-        )));
-    }
+    let raw = frame::inflate(&bytes[HEADER..bytes.len() - 4], raw_len, MAX_SEGMENT_BYTES).map_err(
+        |why| ArchiveError::Invalid {
+            path: path.to_path_buf(),
+            why,
+        },
+    )?;
     Ok((info, raw))
 }
 
@@ -286,26 +247,14 @@ fn decode_records(path: &Path, raw: &[u8], count: u32) -> Result<Vec<CommitRecor
 /// Cuts the decompressed records apart by their length prefixes.
 pub(crate) fn split_records<'a>(
     path: &Path,
-    mut raw: &'a [u8],
+    raw: &'a [u8],
     count: u32,
 ) -> Result<Vec<&'a [u8]>, ArchiveError> {
-    let mut out = Vec::with_capacity(count.min(1 << 20) as usize);
-    while !raw.is_empty() {
-        let bad = |why: &str| ArchiveError::Record {
-            path: path.to_path_buf(),
-            index: out.len(),
-            why: why.to_string(),
-        };
-        if raw.len() < 4 {
-            return Err(bad("a record's length is cut short"));
-        }
-        let len = u32_at(raw, 0) as usize;
-        if raw.len() - 4 < len {
-            return Err(bad("a record is cut short"));
-        }
-        out.push(&raw[4..4 + len]);
-        raw = &raw[4 + len..];
-    }
+    let out = frame::split(raw).map_err(|e| ArchiveError::Record {
+        path: path.to_path_buf(),
+        index: e.index,
+        why: e.why.to_string(),
+    })?;
     if out.len() != count as usize {
         return Err(ArchiveError::Invalid {
             path: path.to_path_buf(),

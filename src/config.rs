@@ -41,6 +41,8 @@ struct Raw {
     #[serde(default)]
     retention: RawRetention,
     #[serde(default)]
+    backup: RawBackup,
+    #[serde(default)]
     handlers: BTreeMap<String, Spanned<RawHandler>>,
 }
 
@@ -61,6 +63,14 @@ struct RawRetention {
     archive_age: Option<Spanned<String>>,
     archive_size: Option<Spanned<String>>,
     every: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields, expecting = "a [backup] table")]
+struct RawBackup {
+    every: Option<Spanned<String>>,
+    path: Option<Spanned<String>>,
+    keep: Option<Spanned<usize>>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -114,7 +124,23 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// What the daemon keeps of the history, the log and the archive.
     pub retention: Retention,
+    /// Periodic backups (`[backup]`); None: off.
+    pub backup: Option<BackupConfig>,
 }
+
+/// `[backup]`: every `every` the daemon exports every live task and the
+/// history to `PATH/berth-backup-<RFC 3339 time>.bex`, keeping the newest
+/// `keep` (see `backup`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackupConfig {
+    pub every: Duration,
+    /// The folder.
+    pub path: PathBuf,
+    pub keep: usize,
+}
+
+/// How many backups `[backup]` keeps unless `keep` says.
+pub const DEFAULT_BACKUP_KEEP: usize = 7;
 
 /// `[metrics]`: the daemon writes `berth metrics` to `textfile` (for
 /// node_exporter's textfile collector) every `interval`.
@@ -366,6 +392,7 @@ impl Config {
         }
         let budget = cx.budget(&raw.budget)?;
         let engine = cx.engine(&raw)?;
+        let backup = cx.backup(&raw.backup, &base, &data_dir)?;
         Ok(Config {
             path: path.to_path_buf(),
             data_dir,
@@ -379,6 +406,7 @@ impl Config {
             )? as u64,
             metrics: cx.metrics(&raw.metrics, &base)?,
             retention: cx.retention(&raw.retention)?,
+            backup,
             handlers: cx.handlers(&raw, &base, &budget)?,
             budget,
             engine,
@@ -549,6 +577,83 @@ impl Ctx<'_> {
         })
     }
 
+    /// `[backup]`: off without `every` and `path`; with one of them, the
+    /// other is needed. `every` at least 1s, `keep` at least 1, and the
+    /// folder exists and is not inside the data dir.
+    fn backup(
+        &self,
+        b: &RawBackup,
+        base: &Path,
+        data_dir: &Path,
+    ) -> Result<Option<BackupConfig>, ConfigError> {
+        let (every, path) = match (&b.every, &b.path) {
+            (None, None) => {
+                if let Some(k) = &b.keep {
+                    return Err(self.err(
+                        Some(k.span()),
+                        "backup.keep",
+                        "backups need backup.every and backup.path",
+                    ));
+                }
+                return Ok(None);
+            }
+            (Some(e), Some(p)) => (e, p),
+            (Some(e), None) => {
+                return Err(self.err(
+                    Some(e.span()),
+                    "backup.path",
+                    "backups need a folder (path = \"/var/backups/berth\")",
+                ));
+            }
+            (None, Some(p)) => {
+                return Err(self.err(
+                    Some(p.span()),
+                    "backup.every",
+                    "backups need an interval (every = \"1h\")",
+                ));
+            }
+        };
+        let d = self.positive_duration(&b.every, "backup.every", Duration::from_secs(3600))?;
+        if d < Duration::from_secs(1) {
+            return Err(self.err(Some(every.span()), "backup.every", "must be at least 1s"));
+        }
+        let keep = b
+            .keep
+            .as_ref()
+            .map_or(DEFAULT_BACKUP_KEEP, |k| *k.get_ref());
+        if keep == 0 {
+            let span = b.keep.as_ref().map(|k| k.span());
+            return Err(self.err(span, "backup.keep", "must be at least 1"));
+        }
+        let folder = resolve(base, path.get_ref());
+        if path.get_ref().trim().is_empty() {
+            return Err(self.err(Some(path.span()), "backup.path", "must not be empty"));
+        }
+        if folder.starts_with(data_dir) {
+            return Err(self.err(
+                Some(path.span()),
+                "backup.path",
+                format!(
+                    "{} is inside the data dir {}; backups go elsewhere",
+                    folder.display(),
+                    data_dir.display()
+                ),
+            ));
+        }
+        if self.on_this_machine && !folder.is_dir() {
+            return Err(self.err(
+                Some(path.span()),
+                "backup.path",
+                format!("the folder {} does not exist", folder.display()),
+            ));
+        }
+        Ok(Some(BackupConfig {
+            every: d,
+            path: folder,
+            keep,
+        }))
+    }
+
     /// One command handler per `[handlers.KIND]` table.
     fn handlers(
         &self,
@@ -673,6 +778,19 @@ env = { HELM_NAMESPACE = "d8" }
             ))
         );
         assert_eq!(c.metrics.interval, Duration::from_secs(15));
+        assert_eq!(c.backup, None);
+        let c = parse(
+            "[backup]\nevery = \"30m\"\npath = \"backups\"\n[handlers.K]\ncommand = [\"x\"]\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.backup,
+            Some(BackupConfig {
+                every: Duration::from_secs(1800),
+                path: PathBuf::from("/etc/berth/backups"),
+                keep: DEFAULT_BACKUP_KEEP,
+            })
+        );
     }
 
     #[test]
@@ -801,6 +919,38 @@ env = { HELM_NAMESPACE = "d8" }
         assert_error(
             "[metrics]\ninterval = \"10ms\"\n",
             "2: key metrics.interval: must be at least 1s",
+        );
+        assert_error(
+            "[backup]\nevery = \"1h\"\n",
+            "2: key backup.path: backups need a folder",
+        );
+        assert_error(
+            "[backup]\npath = \"/b\"\n",
+            "2: key backup.every: backups need an interval",
+        );
+        assert_error(
+            "[backup]\nkeep = 3\n",
+            "2: key backup.keep: backups need backup.every and backup.path",
+        );
+        assert_error(
+            "[backup]\nevery = \"10ms\"\npath = \"/b\"\n",
+            "2: key backup.every: must be at least 1s",
+        );
+        assert_error(
+            "[backup]\nevery = \"1h\"\npath = \"/b\"\nkeep = 0\n",
+            "4: key backup.keep: must be at least 1",
+        );
+        assert_error(
+            "[backup]\nevery = \"1h\"\npath = \"berth-data/b\"\n",
+            "3: key backup.path: /etc/berth/berth-data/b is inside the data dir",
+        );
+        assert_error(
+            "[backup]\nevery = \"soon\"\npath = \"/b\"\n",
+            "2: key backup.every: 'soon' is not a duration",
+        );
+        assert_error(
+            "[backup]\nevery = \"1h\"\npath = \"/b\"\nkept = 3\n",
+            "4: key backup.kept: unknown field `kept`",
         );
         // A syntax error has no key to name; it names the line.
         assert_error("node = \"a\"\nnode = = 1\n", "2: ");

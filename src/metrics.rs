@@ -8,7 +8,6 @@
 //! (`_seconds`, `_bytes`), `_total` for counters, histograms as
 //! `_bucket{le=...}`, `_sum` and `_count`.
 
-use std::io::Write;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -192,27 +191,7 @@ pub fn render(families: &[Family]) -> String {
 /// folder fsync-ed. The file is mode 0644 whatever the umask, so that the
 /// collector, another user, can read it.
 pub fn write_textfile(path: &Path, text: &str) -> std::io::Result<()> {
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let name = path
-        .file_name()
-        .ok_or_else(|| std::io::Error::other(format!("{} names no file", path.display())))?;
-    let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o644)
-        .open(&tmp)?;
-    f.set_permissions(std::fs::Permissions::from_mode(0o644))?;
-    f.write_all(text.as_bytes())?;
-    f.sync_all()?;
-    drop(f);
-    std::fs::rename(&tmp, path)?;
-    std::fs::File::open(dir)?.sync_all()
+    crate::frame::write_atomic(path, text.as_bytes(), 0o644)
 }
 
 #[cfg(test)]

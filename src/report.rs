@@ -523,27 +523,32 @@ pub struct TaskRow {
 
 impl TaskRow {
     pub fn new(t: Task, place: Place, position: Option<usize>) -> TaskRow {
+        TaskRow::of(&t, place, position)
+    }
+
+    /// The row of a task it only borrows (its payload and result are not copied).
+    pub fn of(t: &Task, place: Place, position: Option<usize>) -> TaskRow {
         TaskRow {
             dead_letter: place == Place::History && t.status == Status::Failed,
             status: t.status.as_str().into(),
             id: t.id,
-            queue: t.queue,
-            kind: t.kind,
-            name: t.name,
-            description: t.description,
+            queue: t.queue.clone(),
+            kind: t.kind.clone(),
+            name: t.name.clone(),
+            description: t.description.clone(),
             place,
             position,
             attempts: t.attempts,
             failures: t.failures,
-            last_failure: t.last_failure,
+            last_failure: t.last_failure.clone(),
             queued_at: t.queued_at,
             started_at: t.started_at,
             finished_at: t.finished_at,
             retry_at: t.retry_at,
             parent: t.parent,
-            children: t.children,
-            tags: t.tags,
-            target: t.target,
+            children: t.children.clone(),
+            tags: t.tags.clone(),
+            target: t.target.clone(),
             waiting_for: None,
         }
     }

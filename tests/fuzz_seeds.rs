@@ -97,6 +97,11 @@ fn store_ops() {
 }
 
 #[test]
+fn transfer() {
+    replay("transfer");
+}
+
+#[test]
 fn units() {
     replay("units");
 }

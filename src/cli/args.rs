@@ -91,6 +91,41 @@ pub enum Command {
         #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
         output: Format,
     },
+    /// Write tasks to an export file, to move them to another data dir with
+    /// `berth import`: every live task (a running one counts as queued),
+    /// in queue order, or those the filters select; a group goes whole.
+    Export(ExportArgs),
+    /// Add the tasks of an export file, all or nothing, with new ids, at
+    /// the end of their queues; a task that was running comes back queued.
+    Import(ImportArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// The export file to write (`-`: standard output). It is written to a
+    /// temporary file beside it and renamed, never seen half written.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: PathBuf,
+    /// Only tasks of this queue (repeatable).
+    #[arg(long)]
+    pub queue: Vec<String>,
+    /// Only tasks in this state (repeatable), as for `task list`: queued,
+    /// running, waiting, live, elsewhere; with --history also succeeded,
+    /// failed, cancelled, dead, history.
+    #[arg(long)]
+    pub status: Vec<String>,
+    /// Also take finished tasks (the history).
+    #[arg(long)]
+    pub history: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ImportArgs {
+    /// The export file (`-`: standard input).
+    pub file: PathBuf,
+    /// text: `imported N tasks: ids A..B`; json: also the old -> new id map.
+    #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
+    pub output: Format,
 }
 
 #[derive(Debug, Args)]

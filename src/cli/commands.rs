@@ -13,7 +13,9 @@ use berth::task::TaskSpec;
 use berth::units;
 use serde_json::Value;
 
-use super::args::{Cli, Command, EnqueueArgs, Format, ListArgs, QueueCommand, TaskCommand};
+use super::args::{
+    Cli, Command, EnqueueArgs, ExportArgs, Format, ImportArgs, ListArgs, QueueCommand, TaskCommand,
+};
 use super::session::Session;
 use super::{CliError, now_ms, out, read_file, terminal_width};
 
@@ -50,6 +52,8 @@ pub fn run(cli: Cli, data_dir_given: bool) -> Result<(), CliError> {
         Command::Replay { at, seq, output } => super::replay::replay(s, at, seq, output),
         Command::Check => check(s),
         Command::Metrics { output } => metrics(s, output),
+        Command::Export(a) => export(s, a),
+        Command::Import(a) => import(s, a),
     }
 }
 
@@ -305,4 +309,125 @@ fn verify(s: &Session) -> Result<(), CliError> {
         diffs.len(),
         corrupt.len()
     )))
+}
+
+/// A private temporary folder for a file that stands for standard input
+/// or output (a daemon reads or writes it: same user, same machine).
+fn private_tempdir() -> Result<tempfile::TempDir, CliError> {
+    tempfile::Builder::new()
+        .prefix("berth-transfer-")
+        .tempdir()
+        .map_err(|e| CliError::runtime(format!("creating a temporary folder: {e}")))
+}
+
+fn absolute(path: &std::path::Path) -> Result<std::path::PathBuf, CliError> {
+    std::path::absolute(path).map_err(|e| CliError::input(format!("{}: {e}", path.display())))
+}
+
+/// `berth export`: the daemon (or this command, on the data dir opened to
+/// read) writes the file; `-o -` goes through a private temporary file.
+fn export(s: &Session, a: ExportArgs) -> Result<(), CliError> {
+    use std::io::{IsTerminal, Write};
+    let sel = berth::ops::Selection {
+        queues: a.queue,
+        statuses: a.status,
+        history: a.history,
+    };
+    sel.validate()?;
+    let to_stdout = a.output.as_os_str() == "-";
+    if to_stdout && std::io::stdout().is_terminal() {
+        return Err(CliError::input(
+            "-o -: standard output is a terminal; an export file is binary (redirect it, or \
+             give a file)",
+        ));
+    }
+    let tmp = if to_stdout {
+        Some(private_tempdir()?)
+    } else {
+        None
+    };
+    let path = match &tmp {
+        Some(t) => t.path().join("export.bex"),
+        None => absolute(&a.output)?,
+    };
+    let v = s.run(Request::Export {
+        path: path.clone(),
+        queues: sel.queues,
+        statuses: sel.statuses,
+        history: sel.history,
+    })?;
+    let to = if to_stdout {
+        let bytes = std::fs::read(&path)
+            .map_err(|e| CliError::runtime(format!("reading {}: {e}", path.display())))?;
+        let mut stdout = std::io::stdout().lock();
+        stdout
+            .write_all(&bytes)
+            .and_then(|()| stdout.flush())
+            .map_err(|e| CliError::runtime(format!("writing to standard output: {e}")))?;
+        "standard output".to_string()
+    } else {
+        a.output.display().to_string()
+    };
+    let n = |k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
+    eprintln!(
+        "exported {} tasks ({} queues, {} groups) to {to}, {}",
+        n("tasks"),
+        n("queues"),
+        n("groups"),
+        units::format_size(n("bytes"))
+    );
+    Ok(())
+}
+
+/// `berth import`: the file is read and checked here first (format,
+/// names, budget, kinds), so a bad one changes nothing and creates
+/// nothing; then the daemon (or this command) reads it again and adds it.
+fn import(s: &Session, a: ImportArgs) -> Result<(), CliError> {
+    let from_stdin = a.file.as_os_str() == "-";
+    let tmp = if from_stdin {
+        Some(private_tempdir()?)
+    } else {
+        None
+    };
+    let (path, label) = match &tmp {
+        Some(t) => {
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut std::io::stdin(), &mut bytes)
+                .map_err(|e| CliError::input(format!("cannot read standard input: {e}")))?;
+            let path = t.path().join("import.bex");
+            std::fs::write(&path, &bytes)
+                .map_err(|e| CliError::runtime(format!("writing {}: {e}", path.display())))?;
+            (path, "standard input".to_string())
+        }
+        None => (absolute(&a.file)?, a.file.display().to_string()),
+    };
+    let export = berth::ops::read_export(&path, &label)?;
+    let kinds = s.kinds();
+    berth::ops::check_import(
+        &export,
+        &label,
+        &s.budget,
+        &Ctx::direct(None, kinds.as_deref()),
+    )?;
+    let v = s.run(Request::Import {
+        path,
+        label: Some(label),
+    })?;
+    match a.output {
+        Format::Json => out(&format!(
+            "{}\n",
+            serde_json::to_string_pretty(&v).unwrap_or_default()
+        )),
+        Format::Text => {
+            let n = v.get("tasks").and_then(Value::as_u64).unwrap_or(0);
+            let (first, last) = (
+                v.get("first").and_then(Value::as_u64),
+                v.get("last").and_then(Value::as_u64),
+            );
+            match (first, last) {
+                (Some(a), Some(b)) => out(&format!("imported {n} tasks: ids {a}..{b}\n")),
+                _ => out(&format!("imported {n} tasks\n")),
+            }
+        }
+    }
 }

@@ -33,6 +33,7 @@ pub fn run(a: RunArgs, s: &Session) -> Result<(), CliError> {
         .clone()
         .ok_or_else(|| CliError::input("berth run needs --config FILE (or BERTH_CONFIG)"))?;
     config.data_dir = s.dir.clone();
+    check_backup_folder(&config)?;
     // Check the batch before touching the data dir.
     let batch = a.enqueue.as_deref().map(read_batch).transpose()?;
     let engine = start_engine(&config)?;
@@ -49,6 +50,25 @@ pub fn run(a: RunArgs, s: &Session) -> Result<(), CliError> {
     );
     let summary = serve_and_run(&engine, &config, a.until_idle)?;
     finish(summary, a.until_idle)
+}
+
+/// A backup folder inside the data dir (which `--data-dir` may have
+/// moved) is refused before anything starts: an export never writes there.
+fn check_backup_folder(config: &Config) -> Result<(), CliError> {
+    let Some(b) = &config.backup else {
+        return Ok(());
+    };
+    let canon = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+    let dir = std::path::absolute(&config.data_dir).unwrap_or_else(|_| config.data_dir.clone());
+    if canon(&b.path).starts_with(canon(&dir)) {
+        return Err(CliError::input(format!(
+            "{}: key backup.path: {} is inside the data dir {}; backups go elsewhere",
+            config.path.display(),
+            b.path.display(),
+            config.data_dir.display()
+        )));
+    }
+    Ok(())
 }
 
 /// `--enqueue FILE`: the batch, all or nothing; entries with a compaction
@@ -226,7 +246,9 @@ const SERVICE_TICK: Duration = Duration::from_millis(100);
 /// closes): tells the service manager `STOPPING=1` when a stop begins,
 /// pings its watchdog every half timeout while the engine's loop goes round
 /// (a loop stuck for longer than that is not pinged for, and systemd
-/// restarts the daemon), and writes the metrics textfile every interval.
+/// restarts the daemon), writes the metrics textfile every interval, and
+/// makes a backup every `[backup] every` (a failed one is logged and tried
+/// again at the next interval).
 /// At the end: one last textfile (which says the daemon no longer runs),
 /// and `STOPPING=1` if not said yet.
 fn service(engine: &Engine, config: &Config, finished: mpsc::Receiver<()>) {
@@ -236,6 +258,7 @@ fn service(engine: &Engine, config: &Config, finished: mpsc::Receiver<()>) {
     let mut pinged = Instant::now();
     let mut written: Option<Instant> = None;
     let mut textfile = Textfile::new(config);
+    let mut backups = Backups::new(config);
     loop {
         if !stopping && stop.load(Ordering::SeqCst) {
             stopping = true;
@@ -254,6 +277,9 @@ fn service(engine: &Engine, config: &Config, finished: mpsc::Receiver<()>) {
         if written.is_none_or(|w| w.elapsed() >= config.metrics.interval) {
             textfile.write(engine);
             written = Some(Instant::now());
+        }
+        if !stopping {
+            backups.tick(engine);
         }
         match finished.recv_timeout(SERVICE_TICK) {
             Err(mpsc::RecvTimeoutError::Timeout) => {}
@@ -304,6 +330,69 @@ impl Textfile {
             _ => {}
         }
     }
+}
+
+/// The periodic backups (`[backup]`), if the config asks for them: the
+/// first one interval after the start, then every interval.
+struct Backups {
+    config: Option<berth::config::BackupConfig>,
+    next: Instant,
+}
+
+impl Backups {
+    fn new(config: &Config) -> Self {
+        let every = config.backup.as_ref().map_or(Duration::ZERO, |b| b.every);
+        Backups {
+            config: config.backup.clone(),
+            next: Instant::now() + every,
+        }
+    }
+
+    fn tick(&mut self, engine: &Engine) {
+        let Some(b) = &self.config else {
+            return;
+        };
+        if Instant::now() < self.next {
+            return;
+        }
+        self.next = Instant::now() + b.every;
+        match backup(engine, b) {
+            Ok(line) => log::info!("{line}"),
+            Err(e) => log::warn!(
+                "backup to {} failed (tried again in {}): {e}",
+                b.path.display(),
+                berth::units::format_duration(b.every)
+            ),
+        }
+    }
+}
+
+/// One backup: every live task and the history to
+/// `PATH/berth-backup-<time>.bex`, then the oldest beyond `keep` deleted.
+fn backup(engine: &Engine, b: &berth::config::BackupConfig) -> Result<String, String> {
+    let path = b
+        .path
+        .join(berth::backup::file_name(engine.store().clock().now_ms()));
+    let kinds = engine.kinds();
+    let sel = ops::Selection {
+        history: true,
+        ..ops::Selection::default()
+    };
+    let v = ops::export(&Ctx::daemon(engine, &kinds), &path, &sel).map_err(|e| e.to_string())?;
+    let deleted = berth::backup::prune(&b.path, b.keep).map_err(|e| {
+        format!(
+            "the backup {} was written, but pruning failed: {e}",
+            path.display()
+        )
+    })?;
+    let n = |k: &str| v.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
+    Ok(format!(
+        "backup {}: {} tasks, {}; {} older backup(s) deleted",
+        path.display(),
+        n("tasks"),
+        berth::units::format_size(n("bytes")),
+        deleted.len()
+    ))
 }
 
 /// Logs how the run ended and picks the exit code: a run until idle fails

@@ -150,6 +150,9 @@ mod tests {
             r#"{"op":"task_cancel","id":1}"#.to_string(),
             r#"{"op":"task_list","filter":{"targets":["edge-2"]}}"#.to_string(),
             r#"{"op":"metrics"}"#.to_string(),
+            r#"{"op":"export","path":"/tmp/x.bex","queues":["main"],"statuses":["queued"],"history":true}"#
+                .to_string(),
+            r#"{"op":"import","path":"/tmp/x.bex","label":"standard input"}"#.to_string(),
         ];
         for line in &good {
             assert!(parse_request(line.as_bytes()).is_ok(), "{line}");

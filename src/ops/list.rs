@@ -61,7 +61,7 @@ impl TaskFilter {
         Ok(())
     }
 
-    fn selects(&self, row: &TaskRow) -> bool {
+    pub(super) fn selects(&self, row: &TaskRow) -> bool {
         let any = |list: &[String], v: &str| list.is_empty() || list.iter().any(|x| x == v);
         let when = row.finished_at.or(row.started_at).unwrap_or(row.queued_at);
         any(&self.queues, &row.queue)
@@ -96,19 +96,30 @@ pub fn task_list(ctx: &Ctx<'_>, filter: &TaskFilter) -> Result<Vec<TaskRow>, OpE
     let mut rows = Vec::new();
     for t in store.live_tasks() {
         let t = t.map_err(corrupt)?;
-        let waiting_for = node.as_ref().and_then(|n| not_here(n, &t));
-        let mut row = match positions.get(&t.id) {
-            Some(p) => TaskRow::new(t, Place::Queue, Some(*p)),
-            None => TaskRow::new(t, Place::Waiting, None),
+        let row = match positions.get(&t.id) {
+            Some(p) => row_of(&t, Place::Queue, Some(*p), node.as_ref()),
+            None => row_of(&t, Place::Waiting, None, node.as_ref()),
         };
-        row.waiting_for = waiting_for;
         rows.push(row);
     }
     for t in store.history() {
-        rows.push(TaskRow::new(t.map_err(corrupt)?, Place::History, None));
+        rows.push(row_of(&t.map_err(corrupt)?, Place::History, None, None));
     }
     rows.retain(|r| filter.selects(r));
     Ok(rows)
+}
+
+/// A task's row as `task list` shows it on `node` (which says why a
+/// waiting task does not run here), for a filter to select.
+pub(super) fn row_of(
+    t: &Task,
+    place: Place,
+    position: Option<usize>,
+    node: Option<&Node>,
+) -> TaskRow {
+    let mut row = TaskRow::of(t, place, position);
+    row.waiting_for = node.and_then(|n| not_here(n, t));
+    row
 }
 
 /// This node: the running daemon's, or, without a daemon, that of the last
@@ -131,7 +142,7 @@ fn not_here(node: &Node, t: &Task) -> Option<String> {
     node.accepts(t).err().map(|why| why.to_string())
 }
 
-fn corrupt(c: CorruptRecord) -> OpError {
+pub(super) fn corrupt(c: CorruptRecord) -> OpError {
     OpError::runtime(c.to_string())
 }
 

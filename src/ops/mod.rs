@@ -15,6 +15,7 @@ mod list;
 mod metrics;
 mod replay;
 mod tasks;
+mod transfer;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -30,6 +31,7 @@ pub use list::{STATUS_WORDS, TaskFilter, glob, task_list};
 pub use metrics::metrics;
 pub use replay::{LOG_PAGE, log_page, replay};
 pub use tasks::{enqueue, enqueue_batch, queue_list, task_remove, task_retry, task_show};
+pub use transfer::{INTERRUPTED_BY_EXPORT, Selection, check_import, export, import, read_export};
 
 /// What kind of failure an operation met; it decides the exit code and the
 /// socket's `code` (README.md, "Exit codes").
@@ -280,6 +282,25 @@ pub enum Request {
         #[serde(default)]
         at_ms: Option<u64>,
     },
+    /// `berth export`: the daemon (or the command) writes the selected
+    /// tasks to `path`, an absolute path on this machine.
+    Export {
+        path: std::path::PathBuf,
+        #[serde(default)]
+        queues: Vec<String>,
+        #[serde(default)]
+        statuses: Vec<String>,
+        #[serde(default)]
+        history: bool,
+    },
+    /// `berth import`: adds the tasks of the export file at `path` (an
+    /// absolute path on this machine); `label` names it in messages
+    /// (`standard input`).
+    Import {
+        path: std::path::PathBuf,
+        #[serde(default)]
+        label: Option<String>,
+    },
 }
 
 /// What a request does to the data dir, for a command that opens it itself.
@@ -296,7 +317,9 @@ pub enum Access {
 impl Request {
     pub fn access(&self) -> Access {
         match self {
-            Request::Enqueue { .. } | Request::EnqueueBatch { .. } => Access::Create,
+            Request::Enqueue { .. } | Request::EnqueueBatch { .. } | Request::Import { .. } => {
+                Access::Create
+            }
             Request::TaskRemove { .. } | Request::TaskRetry { .. } | Request::TaskCancel { .. } => {
                 Access::Write
             }
@@ -307,7 +330,8 @@ impl Request {
             | Request::TaskOutput { .. }
             | Request::Metrics {}
             | Request::Log { .. }
-            | Request::Replay { .. } => Access::Read,
+            | Request::Replay { .. }
+            | Request::Export { .. } => Access::Read,
         }
     }
 }
@@ -349,5 +373,20 @@ pub fn execute(ctx: &Ctx<'_>, req: Request) -> Result<Value, OpError> {
         Request::Metrics {} => metrics(ctx).map(|families| json!(families)),
         Request::Log { after, to, limit } => log_page(ctx, after, to, limit),
         Request::Replay { seq, at_ms } => replay(ctx, seq, at_ms),
+        Request::Export {
+            path,
+            queues,
+            statuses,
+            history,
+        } => export(
+            ctx,
+            &path,
+            &Selection {
+                queues,
+                statuses,
+                history,
+            },
+        ),
+        Request::Import { path, label } => import(ctx, &path, label.as_deref()),
     }
 }

@@ -554,6 +554,30 @@ impl Store {
             .and_then(Deadlines::next)
     }
 
+    /// Runs `f` on a view of the store that no commit changes meanwhile:
+    /// the queues' order and every task read through it are of one moment
+    /// (an export's consistent read). It holds the write lock, so commits
+    /// wait for `f`: keep it to reading.
+    pub fn at_rest<R>(&self, f: impl FnOnce(&AtRest<'_>) -> R) -> R {
+        let inner = self.lock_inner();
+        let queues = inner
+            .order
+            .queues()
+            .into_iter()
+            .map(|(q, _)| {
+                let ids = inner.order.ids(&q);
+                (q, ids)
+            })
+            .collect();
+        let view = AtRest {
+            store: self,
+            queues,
+        };
+        let r = f(&view);
+        drop(inner);
+        r
+    }
+
     /// Tasks placed in queues, in all.
     pub fn queued_total(&self) -> usize {
         self.lock_inner().order.total()
@@ -640,5 +664,38 @@ impl Drop for Store {
         if let Err(e) = self.flush_now() {
             log::error!("{}: final flush failed: {e}", self.dir.display());
         }
+    }
+}
+
+/// The store as [`Store::at_rest`] shows it: no commit lands while it lives.
+pub struct AtRest<'a> {
+    store: &'a Store,
+    queues: Vec<(String, Vec<u64>)>,
+}
+
+impl AtRest<'_> {
+    /// Every non-empty queue (in name order) with its ids, head first.
+    pub fn queues(&self) -> &[(String, Vec<u64>)] {
+        &self.queues
+    }
+
+    /// Every live task, by id, corrupt ones as errors.
+    pub fn live_tasks(&self) -> Vec<Result<Task, CorruptRecord>> {
+        self.store.live_tasks()
+    }
+
+    /// Every finished task, by id, corrupt ones as errors.
+    pub fn history(&self) -> Vec<Result<Task, CorruptRecord>> {
+        self.store.history()
+    }
+
+    /// A live task, if there is one with this id.
+    pub fn live_task(&self, id: u64) -> Result<Option<Task>, ReadError> {
+        self.store.live_task(id)
+    }
+
+    /// A finished task, if there is one with this id.
+    pub fn history_task(&self, id: u64) -> Result<Option<Task>, ReadError> {
+        self.store.history_task(id)
     }
 }

@@ -22,7 +22,7 @@ pub mod verify;
 mod write;
 
 pub use attempts::{AttemptLog, AttemptOutcome, OutputTail};
-pub use db::{Options, Store};
+pub use db::{AtRest, Options, Store};
 pub use durability::Durability;
 pub use error::{CorruptRecord, OpenError, ReadError, WriteError};
 pub use event::{Event, EventKind, INTERRUPTED};

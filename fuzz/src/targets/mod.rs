@@ -18,6 +18,7 @@ mod control;
 mod gzip;
 mod log_files;
 mod store_ops;
+mod transfer;
 mod units;
 
 pub use batch::batch;
@@ -28,6 +29,7 @@ pub use control::control;
 pub use gzip::gzip;
 pub use log_files::log_files;
 pub use store_ops::store_ops;
+pub use transfer::transfer;
 pub use units::units;
 
 #[global_allocator]
@@ -47,6 +49,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("gzip", gzip),
     ("log_files", log_files),
     ("store_ops", store_ops),
+    ("transfer", transfer),
     ("units", units),
 ];
 

@@ -26,16 +26,7 @@ use serde_json::json;
 const QUEUES: usize = 10;
 const CHUNK: usize = 10_000;
 
-fn figure(name: &str, value: f64, unit: &str) {
-    let v = if value >= 100.0 {
-        format!("{value:.0}")
-    } else if value >= 1.0 {
-        format!("{value:.2}")
-    } else {
-        format!("{value:.3}")
-    };
-    println!("bench: {name} {v} {unit}");
-}
+use super::figure;
 
 fn open_store(dir: &Path, durability: Durability) -> Arc<Store> {
     Arc::new(
@@ -214,10 +205,4 @@ pub fn checkpoint() {
         longest_alone.as_secs_f64() * 1000.0,
         "ms",
     );
-}
-
-#[allow(dead_code)]
-fn main() {
-    checkpoint();
-    disk();
 }

@@ -22,14 +22,7 @@ const TASKS: u64 = 100_000;
 const RECORDS_PER_SEGMENT: usize = 10_000;
 const RUNS: usize = 3;
 
-fn figure(name: &str, value: f64, unit: &str) {
-    let v = if value >= 100.0 {
-        format!("{value:.0}")
-    } else {
-        format!("{value:.2}")
-    };
-    println!("bench: {name} {v} {unit}");
-}
+use super::figure;
 
 /// The records of the history, in order, as the codec frames them.
 fn history() -> (Vec<Vec<u8>>, u64) {
@@ -187,7 +180,7 @@ fn decode_time(segments: &[SegmentInfo], threads: usize) -> Timed {
         .expect("a run")
 }
 
-fn main() {
+pub fn run() {
     let dir = tempfile::tempdir().expect("a temp dir");
     let (records, events) = history();
     let segments = write_segments(dir.path(), &records);

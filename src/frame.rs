@@ -1,0 +1,228 @@
+//! The shape berth's self-describing files share (archive segments, see
+//! `archive`; export files, see `transfer`): a header of their own, one
+//! zstd frame holding a run of records, and a CRC-32 of everything before
+//! it. Inside the frame each record is its length (4 bytes, little-endian)
+//! and the record as the codec frames it (version byte, bincode body,
+//! CRC-32), so every record is checked again on its own.
+//!
+//! The helpers here build and check that shape; each kind of file has its
+//! own header and its own error type. Reading goes: check the header and
+//! the trailing checksum ([`check_seal`]) before anything is inflated,
+//! inflate no more than the header says ([`inflate`]), cut the records
+//! apart ([`split`]), then decode each with the codec.
+
+/// Appends each record's length (4 bytes) and the record.
+pub fn pack(records: &[Vec<u8>]) -> Vec<u8> {
+    let mut raw = Vec::with_capacity(records.iter().map(|r| r.len() + 4).sum());
+    for r in records {
+        raw.extend_from_slice(&(r.len() as u32).to_le_bytes());
+        raw.extend_from_slice(r);
+    }
+    raw
+}
+
+/// Compresses packed records into one zstd frame at `level`.
+pub fn compress(raw: &[u8], level: i32) -> std::io::Result<Vec<u8>> {
+    zstd::bulk::compress(raw, level)
+}
+
+/// Appends the CRC-32 of everything in `out` (the trailer).
+pub fn seal(out: &mut Vec<u8>) {
+    let crc = crc32fast::hash(out);
+    out.extend_from_slice(&crc.to_le_bytes());
+}
+
+/// Checks the trailing CRC-32 of `bytes` (at least 4 long); the error says
+/// both values.
+pub fn check_seal(bytes: &[u8]) -> Result<(), String> {
+    if bytes.len() < 4 {
+        return Err(format!("{} bytes is too short", bytes.len()));
+    }
+    let stored = u32_at(bytes, bytes.len() - 4);
+    let computed = crc32fast::hash(&bytes[..bytes.len() - 4]);
+    if stored != computed {
+        return Err(format!(
+            "checksum mismatch (stored {stored:08x}, computed {computed:08x})"
+        ));
+    }
+    Ok(())
+}
+
+/// Inflates one zstd frame to exactly `raw_len` bytes, refusing more (and
+/// refusing a `raw_len` over `cap` before allocating anything). The output
+/// grows as it is inflated, so a length claim that the frame does not back
+/// costs no memory.
+pub fn inflate(packed: &[u8], raw_len: u64, cap: u64) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    if raw_len > cap {
+        return Err(format!(
+            "it claims {raw_len} bytes of records; at most {cap} are read"
+        ));
+    }
+    let mut decoder = zstd::stream::read::Decoder::with_buffer(packed)
+        .map_err(|e| format!("its records do not decompress: {e}"))?
+        .single_frame();
+    let start = raw_len.min(packed.len() as u64 * 4 + (64 << 10)) as usize;
+    let mut raw = Vec::with_capacity(start);
+    decoder
+        .by_ref()
+        .take(raw_len + 1)
+        .read_to_end(&mut raw)
+        .map_err(|e| format!("its records do not decompress: {e}"))?;
+    if raw.len() as u64 != raw_len {
+        return Err(format!(
+            "{} bytes decompressed, {raw_len} expected",
+            raw.len()
+        ));
+    }
+    Ok(raw)
+}
+
+/// Why packed records cannot be cut apart: the index of the record at
+/// fault, and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SplitError {
+    pub index: usize,
+    pub why: &'static str,
+}
+
+/// Cuts packed records apart by their length prefixes.
+pub fn split(mut raw: &[u8]) -> Result<Vec<&[u8]>, SplitError> {
+    let mut out = Vec::new();
+    while !raw.is_empty() {
+        let bad = |why| SplitError {
+            index: out.len(),
+            why,
+        };
+        if raw.len() < 4 {
+            return Err(bad("a record's length is cut short"));
+        }
+        let len = u32_at(raw, 0) as usize;
+        if raw.len() - 4 < len {
+            return Err(bad("a record is cut short"));
+        }
+        out.push(&raw[4..4 + len]);
+        raw = &raw[4 + len..];
+    }
+    Ok(out)
+}
+
+/// The little-endian u16 at `at` (the caller checked the length).
+pub fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+/// The little-endian u32 at `at` (the caller checked the length).
+pub fn u32_at(b: &[u8], at: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(a)
+}
+
+/// The little-endian u64 at `at` (the caller checked the length).
+pub fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+/// Writes `bytes` to `path` so that no reader (and no crash) ever sees a
+/// part of it: a temporary file `.NAME.tmp` in the same folder with `mode`,
+/// fsync, rename over `path`, fsync of the folder. On an error the
+/// temporary file is removed.
+pub fn write_atomic(path: &std::path::Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::other(format!("{} names no file", path.display())))?;
+    let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(&tmp)?;
+        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        drop(f);
+        std::fs::rename(&tmp, path)
+    };
+    if let Err(e) = write() {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    std::fs::File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packed_records_split_back_and_cut_ones_are_refused() {
+        let recs = vec![b"one".to_vec(), Vec::new(), b"three".to_vec()];
+        let raw = pack(&recs);
+        let back: Vec<Vec<u8>> = split(&raw).unwrap().iter().map(|r| r.to_vec()).collect();
+        assert_eq!(back, recs);
+        for cut in 1..raw.len() {
+            if let Ok(parts) = split(&raw[..cut]) {
+                // Only a cut at a record boundary splits: into fewer records.
+                assert!(parts.len() < recs.len(), "cut at {cut}");
+            }
+        }
+        assert_eq!(
+            split(&raw[..raw.len() - 1]).unwrap_err(),
+            SplitError {
+                index: 2,
+                why: "a record is cut short"
+            }
+        );
+    }
+
+    #[test]
+    fn the_seal_catches_any_flip_and_inflating_is_capped() {
+        let mut b = b"header and body".to_vec();
+        seal(&mut b);
+        assert!(check_seal(&b).is_ok());
+        for i in 0..b.len() {
+            let mut bad = b.clone();
+            bad[i] ^= 1;
+            assert!(check_seal(&bad).is_err(), "flip at {i}");
+        }
+        let packed = compress(&[7u8; 1000], 3).unwrap();
+        assert_eq!(inflate(&packed, 1000, 1 << 20).unwrap(), vec![7u8; 1000]);
+        assert!(inflate(&packed, 999, 1 << 20).is_err());
+        assert!(inflate(&packed, 1001, 1 << 20).is_err());
+        assert!(
+            inflate(&packed, 1 << 40, 1 << 20)
+                .unwrap_err()
+                .contains("at most")
+        );
+    }
+
+    #[test]
+    fn an_atomic_write_leaves_only_the_file() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.bin");
+        write_atomic(&path, b"a", 0o600).unwrap();
+        write_atomic(&path, b"bb", 0o600).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"bb");
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("out.bin")]);
+        // A folder that does not exist: an error, nothing left behind.
+        assert!(write_atomic(&dir.path().join("no/such/file"), b"x", 0o600).is_err());
+    }
+}

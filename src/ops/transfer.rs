@@ -1,0 +1,448 @@
+//! `berth export` and `berth import` (and the daemon's backups, which are
+//! exports): which tasks an export takes, and how an import adds them, all
+//! in one commit. The file's bytes are `transfer`'s.
+//!
+//! An export reads the store at rest (`Store::at_rest`: no commit lands
+//! while it reads) and never writes to the data dir. An import checks the
+//! whole file first (format, names, budget, kinds, the size of the one
+//! commit), then adds every task with a new id through `WriteTxn::enqueue`
+//! (normal `enqueued` events; a finished task then gets its
+//! `moved-to-history`), keeping queue order, groups and the history.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use super::list::{TaskFilter, corrupt, node_of, row_of};
+use super::{Ctx, OpError};
+use crate::budget::{Blob, Budget, BudgetError};
+use crate::codec;
+use crate::frame;
+use crate::queues::natural_cmp;
+use crate::report::Place as RowPlace;
+use crate::store::{AtRest, Placement, Store, WriteError};
+use crate::task::{Status, Task, TaskSpec};
+use crate::transfer::{self, Export, Exported, Place, QueueOrder};
+use crate::units::format_size;
+
+/// The message an imported task that was running when it was exported
+/// gets (it comes back queued, with one failure more).
+pub const INTERRUPTED_BY_EXPORT: &str = "interrupted: it was running when it was exported";
+
+/// Status words that only finished tasks have: they need `--history`.
+const FINISHED_WORDS: [&str; 5] = ["succeeded", "failed", "cancelled", "dead", "history"];
+
+/// Which tasks an export takes: every live task (queued, running, waiting
+/// group children), and with `history` every finished one, then only those
+/// in `queues` and with `statuses` (`task list`'s words), if given; every
+/// group whole.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Selection {
+    pub queues: Vec<String>,
+    pub statuses: Vec<String>,
+    pub history: bool,
+}
+
+impl Selection {
+    fn filter(&self) -> TaskFilter {
+        TaskFilter {
+            queues: self.queues.clone(),
+            statuses: self.statuses.clone(),
+            ..TaskFilter::default()
+        }
+    }
+
+    /// Checks the status words (a word for finished tasks needs `history`).
+    pub fn validate(&self) -> Result<(), OpError> {
+        self.filter().validate()?;
+        if !self.history
+            && let Some(w) = self
+                .statuses
+                .iter()
+                .find(|s| FINISHED_WORDS.contains(&s.as_str()))
+        {
+            return Err(OpError::input(format!(
+                "--status: '{w}' selects finished tasks, which an export takes only with --history"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// What an export wrote, as its wire form says it.
+fn summary(export: &Export, bytes: usize, path: &Path) -> Value {
+    json!({
+        "tasks": export.tasks.len(),
+        "queues": export.queues.len(),
+        "groups": export.groups(),
+        "bytes": bytes,
+        "path": path,
+    })
+}
+
+/// Writes the selected tasks to `path` (absolute; a temporary file in its
+/// folder, fsync, rename, mode 0600). Returns `{"tasks", "queues",
+/// "groups", "bytes", "path"}`.
+pub fn export(ctx: &Ctx<'_>, path: &Path, sel: &Selection) -> Result<Value, OpError> {
+    sel.validate()?;
+    let store = ctx
+        .store
+        .ok_or_else(|| OpError::runtime("the data dir does not exist"))?;
+    check_output(store, path)?;
+    let node = node_of(ctx);
+    let export = store.at_rest(|view| collect(view, sel, node.as_ref()))?;
+    let export = Export {
+        created_at: store.clock().now_ms(),
+        node: node.and_then(|n| n.name),
+        ..export
+    };
+    let bytes = transfer::encode(&export).map_err(|e| match e {
+        transfer::FormatError::TooLarge(_) => OpError::input(format!(
+            "{}: {e}: export fewer tasks at a time (--queue, --status)",
+            path.display()
+        )),
+        // The store's own tasks do not agree (a damaged data dir).
+        e => OpError::runtime(format!("cannot export the data dir's tasks: {e}")),
+    })?;
+    frame::write_atomic(path, &bytes, 0o600)
+        .map_err(|e| OpError::runtime(format!("writing {}: {e}", path.display())))?;
+    Ok(summary(&export, bytes.len(), path))
+}
+
+/// An export goes to an absolute path in an existing folder, outside the
+/// data dir it reads.
+fn check_output(store: &Store, path: &Path) -> Result<(), OpError> {
+    let bad = |why: String| Err(OpError::input(format!("{}: {why}", path.display())));
+    if !path.is_absolute() {
+        return bad("the export file's path must be absolute".into());
+    }
+    let Some(folder) = path.parent().filter(|_| path.file_name().is_some()) else {
+        return bad("names no file".into());
+    };
+    let Ok(folder) = folder.canonicalize() else {
+        return bad(format!("the folder {} does not exist", folder.display()));
+    };
+    if path.is_dir() {
+        return bad("is a folder".into());
+    }
+    if let Ok(dir) = store.dir().canonicalize()
+        && folder.starts_with(&dir)
+    {
+        return bad(format!(
+            "is inside the data dir {}, which an export never writes to",
+            store.dir().display()
+        ));
+    }
+    Ok(())
+}
+
+/// Reads what `sel` takes from the store at rest, in file order (see
+/// `transfer`); `node` says which tasks wait for another node.
+fn collect(
+    view: &AtRest<'_>,
+    sel: &Selection,
+    node: Option<&crate::routing::Node>,
+) -> Result<Export, OpError> {
+    let mut position: HashMap<u64, usize> = HashMap::new();
+    for (_, ids) in view.queues() {
+        for (i, id) in ids.iter().enumerate() {
+            position.insert(*id, i + 1);
+        }
+    }
+    let mut all: BTreeMap<u64, Exported> = BTreeMap::new();
+    for t in view.live_tasks() {
+        let task = t.map_err(corrupt)?;
+        let place = match position.contains_key(&task.id) {
+            true => Place::Queue,
+            false => Place::Waiting,
+        };
+        all.insert(task.id, Exported { place, task });
+    }
+    if sel.history {
+        for t in view.history() {
+            let task = t.map_err(corrupt)?;
+            all.insert(
+                task.id,
+                Exported {
+                    place: Place::History,
+                    task,
+                },
+            );
+        }
+    }
+    let filter = sel.filter();
+    let chosen: Vec<u64> = all
+        .values()
+        .filter(|e| {
+            let place = match e.place {
+                Place::Queue => RowPlace::Queue,
+                Place::Waiting => RowPlace::Waiting,
+                Place::History => RowPlace::History,
+            };
+            filter.selects(&row_of(
+                &e.task,
+                place,
+                position.get(&e.task.id).copied(),
+                node,
+            ))
+        })
+        .map(|e| e.task.id)
+        .collect();
+    // A group goes whole: its parent and every child, finished ones too.
+    let mut take: BTreeSet<u64> = BTreeSet::new();
+    for id in chosen {
+        let root = all[&id].task.parent.unwrap_or(id);
+        if take.contains(&root) {
+            continue;
+        }
+        fetch(view, &mut all, root, id)?;
+        let children = all[&root].task.children.clone();
+        take.insert(root);
+        for c in children {
+            fetch(view, &mut all, c, root)?;
+            take.insert(c);
+        }
+    }
+    let mut names: Vec<&String> = view.queues().iter().map(|(q, _)| q).collect();
+    names.sort_by(|a, b| natural_cmp(a, b));
+    let mut queues = Vec::new();
+    let mut tasks = Vec::with_capacity(take.len());
+    for name in names {
+        let ids: Vec<u64> = view
+            .queues()
+            .iter()
+            .find(|(q, _)| q == name)
+            .map(|(_, ids)| ids.iter().copied().filter(|i| take.contains(i)).collect())
+            .unwrap_or_default();
+        if ids.is_empty() {
+            continue;
+        }
+        for id in &ids {
+            if let Some(e) = all.remove(id) {
+                tasks.push(e);
+            }
+        }
+        queues.push(QueueOrder {
+            name: name.clone(),
+            ids,
+        });
+    }
+    for wanted in [Place::Waiting, Place::History] {
+        for id in &take {
+            if all.get(id).is_some_and(|e| e.place == wanted)
+                && let Some(e) = all.remove(id)
+            {
+                tasks.push(e);
+            }
+        }
+    }
+    Ok(Export {
+        created_at: 0,
+        node: None,
+        history: sel.history,
+        tasks,
+        queues,
+    })
+}
+
+/// Makes sure group member `id` (of the group `of` belongs to) is in `all`:
+/// a finished one is read from the history even without `--history`.
+fn fetch(
+    view: &AtRest<'_>,
+    all: &mut BTreeMap<u64, Exported>,
+    id: u64,
+    of: u64,
+) -> Result<(), OpError> {
+    if all.contains_key(&id) {
+        return Ok(());
+    }
+    let (place, task) = match view.live_task(id)? {
+        Some(t) => (Place::Waiting, t),
+        None => match view.history_task(id)? {
+            Some(t) => (Place::History, t),
+            None => {
+                return Err(OpError::runtime(format!(
+                    "task {of}'s group names task {id}, which does not exist; the group cannot \
+                     be exported whole"
+                )));
+            }
+        },
+    };
+    all.insert(id, Exported { place, task });
+    Ok(())
+}
+
+/// Reads and checks an export file's format; errors name it (`name`) and
+/// are bad input.
+pub fn read_export(path: &Path, name: &str) -> Result<Export, OpError> {
+    let bytes =
+        std::fs::read(path).map_err(|e| OpError::input(format!("cannot read {name}: {e}")))?;
+    transfer::decode(&bytes).map_err(|e| OpError::input(format!("{name}: {e}")))
+}
+
+/// The spec a task would have been enqueued with (its payload aside), for
+/// the rules on names and kinds.
+fn spec_of(t: &Task) -> TaskSpec {
+    TaskSpec {
+        queue: t.queue.clone(),
+        kind: t.kind.clone(),
+        name: t.name.clone(),
+        description: t.description.clone(),
+        weight: t.weight,
+        payload: Value::Null,
+        tags: t.tags.clone(),
+        target: t.target.clone(),
+        compaction_key: t.compaction_key.clone(),
+        ttl: t.ttl_ms.map(std::time::Duration::from_millis),
+    }
+}
+
+/// A blob must read back within the budget, as JSON.
+fn readable(what: &'static str, b: &Blob, budget: &Budget) -> Result<(), BudgetError> {
+    let bytes = b.json_bytes(what, budget)?;
+    if bytes.len() > budget.max_decompressed {
+        return Err(BudgetError::OverReadLimit {
+            what,
+            size: bytes.len(),
+            limit: budget.max_decompressed,
+        });
+    }
+    if bytes.is_empty() {
+        return Ok(());
+    }
+    serde_json::from_slice::<serde::de::IgnoredAny>(&bytes)
+        .map(|_| ())
+        .map_err(|e| BudgetError::BadJson {
+            what,
+            reason: e.to_string(),
+        })
+}
+
+/// Checks everything an import needs before it writes: every task's
+/// names and text (the rules of an enqueue), its kind (when `ctx` knows
+/// the kinds that can run; a group parent's never runs), its record and blobs against `budget`, and
+/// that all of it fits in one commit. Errors name the file (`name`) and
+/// the task, and are bad input.
+pub fn check_import(
+    export: &Export,
+    name: &str,
+    budget: &Budget,
+    ctx: &Ctx<'_>,
+) -> Result<(), OpError> {
+    let mut commit = 0usize;
+    for e in &export.tasks {
+        let t = &e.task;
+        let at = format!("{name}: task {} ({} {}): ", t.id, t.kind, t.name);
+        let spec = spec_of(t);
+        spec.validate()
+            .map_err(|err| OpError::input(format!("{at}{err}")))?;
+        // A group parent never runs (its children do): its kind needs no handler.
+        if t.children.is_empty() {
+            ctx.check_kinds(std::slice::from_ref(&spec))
+                .map_err(|err| err.context(&at))?;
+        }
+        let size = codec::encode(t).len();
+        if size > budget.max_object {
+            let err = BudgetError::TooLarge {
+                what: "record",
+                size,
+                compressed: t.payload.compressed,
+                budget: budget.max_object,
+            };
+            return Err(OpError::input(format!("{at}{err}")));
+        }
+        readable("payload", &t.payload, budget)
+            .map_err(|err| OpError::input(format!("{at}{err}")))?;
+        if let Some(r) = &t.result {
+            readable("result", r, budget).map_err(|err| OpError::input(format!("{at}{err}")))?;
+        }
+        // The task goes into the commit twice: in its event and its key.
+        commit += 2 * size + 64;
+    }
+    if commit > codec::MAX_RECORD_BYTES {
+        return Err(too_big(name, export.tasks.len(), commit));
+    }
+    Ok(())
+}
+
+fn too_big(name: &str, tasks: usize, size: usize) -> OpError {
+    OpError::input(format!(
+        "{name}: its {tasks} tasks make one commit of {}, and one commit holds at most {}: \
+         export fewer at a time (--queue, --status) and import the files one by one",
+        format_size(size as u64),
+        format_size(codec::MAX_RECORD_BYTES as u64)
+    ))
+}
+
+/// The task as it is added: its new id and group ids; a task that was
+/// running comes back queued, with one failure more.
+fn prepared(t: &Task, new_id: &BTreeMap<u64, u64>) -> Task {
+    let map = |id: u64| new_id.get(&id).copied().unwrap_or(id);
+    let mut t = t.clone();
+    t.id = map(t.id);
+    t.parent = t.parent.map(map);
+    t.children = t.children.iter().map(|c| map(*c)).collect();
+    if t.status == Status::Running {
+        t.status = Status::Queued;
+        t.failures = t.failures.saturating_add(1);
+        t.last_failure = Some(INTERRUPTED_BY_EXPORT.to_string());
+        t.retry_at = None;
+    }
+    t
+}
+
+/// Adds the tasks of the export file at `path` (named `label` in messages,
+/// else by its path) in one commit, all or nothing, with new ids. Returns
+/// `{"tasks", "first", "last", "ids": {"OLD": NEW, ...}}`.
+pub fn import(ctx: &Ctx<'_>, path: &Path, label: Option<&str>) -> Result<Value, OpError> {
+    let name = label.map_or_else(|| path.display().to_string(), str::to_string);
+    let export = read_export(path, &name)?;
+    let store = ctx
+        .store
+        .ok_or_else(|| OpError::runtime("the data dir does not exist"))?;
+    check_import(&export, &name, store.budget(), ctx)?;
+    let by_id: HashMap<u64, &Exported> = export.tasks.iter().map(|e| (e.task.id, e)).collect();
+    let mut w = store.write();
+    let new_id: BTreeMap<u64, u64> = export
+        .tasks
+        .iter()
+        .map(|e| (e.task.id, w.allocate_id()))
+        .collect();
+    let stage = |w: &mut crate::store::WriteTxn<'_>| -> Result<(), WriteError> {
+        for q in &export.queues {
+            for old in &q.ids {
+                w.enqueue(prepared(&by_id[old].task, &new_id), Some(Placement::Last))?;
+            }
+        }
+        for e in export.tasks.iter().filter(|e| e.place == Place::Waiting) {
+            w.enqueue(prepared(&e.task, &new_id), None)?;
+        }
+        for e in export.tasks.iter().filter(|e| e.place == Place::History) {
+            let id = w.enqueue(prepared(&e.task, &new_id), None)?;
+            w.to_history(id, e.task.status)?;
+        }
+        Ok(())
+    };
+    let context = |e: WriteError| match e {
+        WriteError::Budget(BudgetError::TooLarge {
+            what: "transaction",
+            size,
+            ..
+        }) => too_big(&name, export.tasks.len(), size),
+        e => OpError::from(e).context(&format!("{name}: ")),
+    };
+    stage(&mut w).map_err(context)?;
+    w.commit().map_err(context)?;
+    ctx.changed();
+    let ids: serde_json::Map<String, Value> = new_id
+        .iter()
+        .map(|(old, new)| (old.to_string(), json!(new)))
+        .collect();
+    Ok(json!({
+        "tasks": export.tasks.len(),
+        "first": new_id.values().min(),
+        "last": new_id.values().max(),
+        "ids": ids,
+    }))
+}

@@ -1,0 +1,786 @@
+//! `berth export` and `berth import` with the real binary: what an import
+//! rebuilds (every task field, payloads as stored, queue order, groups,
+//! the history), through daemons and without, and that the result passes
+//! `verify` and runs; damaged files refused with nothing changed; an export
+//! that never writes to the data dir it reads; the daemon's periodic
+//! backups; and the README's worked example.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use berth::store::{Options, Store};
+use berth::task::{Status, Task};
+use common::daemon::{Daemon, write_root};
+use common::{berth, stderr, stdout, tempdir, wait_for};
+
+/// A handler that succeeds, except for a task whose payload says "hold":
+/// that one runs while the file `hold` exists beside the config.
+const HOOK: &str = "#!/bin/sh\np=$(cat)\ncase \"$p\" in *hold*) while [ -e hold ]; do sleep 0.02; done;; esac\nexit 0\n";
+
+fn config(node: &str, extra: &str) -> String {
+    format!(
+        "data_dir = \"data\"\nnode = \"{node}\"\ntags = [\"gluster\"]\ngrace = \"5s\"\n{extra}\n\
+         [handlers.ModuleRun]\ncommand = [\"./hook.sh\"]\n\
+         [handlers.Backup]\ncommand = [\"./hook.sh\"]\n"
+    )
+}
+
+/// Every file under `dir` with a hash of its bytes, for "nothing changed".
+fn snapshot(dir: &Path) -> Vec<(String, u64)> {
+    use std::hash::{Hash, Hasher};
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                std::fs::read(&p).unwrap_or_default().hash(&mut h);
+                out.push((p.display().to_string(), h.finish()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn ok(o: &Output, what: &str) {
+    assert!(o.status.success(), "{what}: {}{}", stdout(o), stderr(o));
+}
+
+/// Runs berth with `--config CFG` (its data dir), from `cwd`.
+fn berth_cfg(cfg: &Path, args: &[&str]) -> Output {
+    Command::new(common::berth_bin())
+        .arg("--config")
+        .arg(cfg)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run berth")
+}
+
+/// A payload whose JSON is over 100 KiB (so stored gzip-compressed) and
+/// differs from line to line.
+fn big_payload(dir: &Path) -> PathBuf {
+    let lines: Vec<String> = (0..3000)
+        .map(|i| {
+            format!(
+                "line {i}: the module values of release {}",
+                i * 7919 % 10007
+            )
+        })
+        .collect();
+    let p = dir.join("big.json");
+    std::fs::write(&p, serde_json::json!({ "lines": lines }).to_string()).expect("write");
+    assert!(std::fs::metadata(&p).expect("size").len() > 100 * 1024);
+    p
+}
+
+/// Fills a data dir: two queues, a target and tags, a 100+ KiB compressed
+/// payload, a group of three, a task with a payload that holds its handler
+/// (first in `main`), and a cancelled task in the history: 9 tasks, 8 live.
+fn fill(dir: &Path, root: &Path) {
+    let big = big_payload(root);
+    let e = |args: &[&str]| ok(&berth(dir, &[&["enqueue"], args].concat()), "enqueue");
+    e(&[
+        "--queue",
+        "main",
+        "--kind",
+        "ModuleRun",
+        "--name",
+        "held",
+        "--payload",
+        r#"{"hold":1}"#,
+    ]);
+    e(&[
+        "--queue",
+        "main",
+        "--kind",
+        "ModuleRun",
+        "--name",
+        "big",
+        "--payload-file",
+        big.to_str().expect("utf-8"),
+        "--tag",
+        "gluster",
+        "--description",
+        "doStartup",
+    ]);
+    e(&[
+        "--queue",
+        "other",
+        "--kind",
+        "ModuleRun",
+        "--name",
+        "solo",
+        "--target",
+        "edge-2",
+        "--payload",
+        r#"{"n":[1,2,3]}"#,
+    ]);
+    let batch = root.join("batch.json");
+    std::fs::write(
+        &batch,
+        r#"[{"queue":"main","kind":"ModuleRun","name":"c1","weight":5,"payload":{"c":1}},
+            {"queue":"main","kind":"ModuleRun","name":"c2","weight":5},
+            {"queue":"main","kind":"ModuleRun","name":"c3","weight":5},
+            {"queue":"main","kind":"ModuleRun","name":"after","weight":9}]"#,
+    )
+    .expect("batch");
+    ok(
+        &berth(dir, &["enqueue", "--batch", batch.to_str().expect("utf-8")]),
+        "batch",
+    );
+    let id = common::enqueue_id(
+        dir,
+        &["--queue", "other", "--kind", "ModuleRun", "--name", "gone"],
+    );
+    ok(&berth(dir, &["task", "cancel", &id.to_string()]), "cancel");
+}
+
+/// The tasks (live and finished) and queues of a data dir, read with the
+/// library (read-only: the data dir does not change).
+struct State {
+    tasks: BTreeMap<u64, Task>,
+    history: Vec<u64>,
+    queues: BTreeMap<String, Vec<u64>>,
+}
+
+fn state(dir: &Path) -> State {
+    let opts = Options {
+        read_only: true,
+        ..Options::default()
+    };
+    let store = Store::open(dir, opts, berth::clock::system()).expect("open to read");
+    let mut tasks = BTreeMap::new();
+    for t in store.live_tasks() {
+        let t = t.expect("readable");
+        tasks.insert(t.id, t);
+    }
+    let mut history = Vec::new();
+    for t in store.history() {
+        let t = t.expect("readable");
+        history.push(t.id);
+        tasks.insert(t.id, t);
+    }
+    let queues = store
+        .queues()
+        .into_iter()
+        .map(|(q, _)| {
+            let ids = store.queue_ids(&q);
+            (q, ids)
+        })
+        .collect();
+    State {
+        tasks,
+        history,
+        queues,
+    }
+}
+
+/// The old -> new id map of an `import -o json` answer.
+fn id_map(o: &Output) -> BTreeMap<u64, u64> {
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("import -o json");
+    v["ids"]
+        .as_object()
+        .expect("ids")
+        .iter()
+        .map(|(k, v)| (k.parse().expect("an id"), v.as_u64().expect("an id")))
+        .collect()
+}
+
+/// Checks that `b` holds every task of `a` under its new id (`map`), field
+/// by field, in the same queue order and place; `running` tasks of `a`
+/// must be back `queued` with one failure more.
+fn assert_reproduced(a: &State, b: &State, map: &BTreeMap<u64, u64>) {
+    assert_eq!(map.len(), a.tasks.len(), "every task is mapped");
+    for (old, t) in &a.tasks {
+        let new = map[old];
+        let got = b
+            .tasks
+            .get(&new)
+            .unwrap_or_else(|| panic!("task {new} missing"));
+        let mut want = t.clone();
+        want.id = new;
+        want.parent = t.parent.map(|p| map[&p]);
+        want.children = t.children.iter().map(|c| map[c]).collect();
+        if t.status == Status::Running {
+            want.status = Status::Queued;
+            want.failures += 1;
+            want.last_failure = Some(berth::ops::INTERRUPTED_BY_EXPORT.to_string());
+        }
+        assert_eq!(got, &want, "task {old} -> {new}");
+        assert_eq!(
+            a.history.contains(old),
+            b.history.contains(&new),
+            "task {old}'s place"
+        );
+    }
+    let mapped: BTreeMap<String, Vec<u64>> = a
+        .queues
+        .iter()
+        .map(|(q, ids)| (q.clone(), ids.iter().map(|i| map[i]).collect()))
+        .collect();
+    assert_eq!(b.queues, mapped, "queue order");
+}
+
+fn verify(dir: &Path) {
+    let o = berth(dir, &["verify"]);
+    ok(&o, "verify");
+    assert!(stdout(&o).contains("the log agrees with the state"));
+}
+
+#[test]
+fn an_import_reproduces_every_task_runs_them_and_the_export_wrote_nothing_to_its_dir() {
+    let root = tempdir();
+    let cfg = write_root(root.path(), HOOK, &config("edge-2", ""));
+    let a = root.path().join("a");
+    fill(&a, root.path());
+    let before = snapshot(&a);
+    let file = root.path().join("all.bex");
+    let o = berth(
+        &a,
+        &["export", "-o", file.to_str().expect("utf-8"), "--history"],
+    );
+    ok(&o, "export");
+    assert!(
+        stderr(&o).starts_with("exported 9 tasks (2 queues, 1 groups) to "),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(
+        snapshot(&a),
+        before,
+        "the export wrote to the data dir it read"
+    );
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&file).expect("the file").permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o600);
+
+    let b = root.path().join("b");
+    let o = berth(&b, &["import", file.to_str().expect("utf-8")]);
+    ok(&o, "import");
+    assert_eq!(stdout(&o), "imported 9 tasks: ids 1..9\n");
+    // Again, into a third dir, for the id map.
+    let c = root.path().join("c");
+    let o = berth(&c, &["import", file.to_str().expect("utf-8"), "-o", "json"]);
+    ok(&o, "import -o json");
+    let map = id_map(&o);
+    let sa = state(&a);
+    assert_reproduced(&sa, &state(&c), &map);
+    // The big payload is still stored compressed, byte for byte.
+    let big = sa.tasks.values().find(|t| t.name == "big").expect("big");
+    assert!(big.payload.compressed && big.payload.bytes.len() > 1000);
+    verify(&c);
+
+    // They run there (with --data-dir, the config's handlers).
+    let o = Command::new(common::berth_bin())
+        .arg("--data-dir")
+        .arg(&c)
+        .args(["run", "--until-idle", "--config"])
+        .arg(&cfg)
+        .env("RUST_LOG", "warn")
+        .current_dir(root.path())
+        .output()
+        .expect("berth run");
+    ok(&o, "run --until-idle");
+    let sc = state(&c);
+    assert!(sc.queues.is_empty(), "{:?}", sc.queues);
+    let done: Vec<&str> = sc
+        .tasks
+        .values()
+        .filter(|t| t.status == Status::Succeeded)
+        .map(|t| t.name.as_str())
+        .collect();
+    assert_eq!(done.len(), 8, "{done:?}"); // all but the cancelled one
+    verify(&c);
+}
+
+#[test]
+fn standard_output_and_input_and_the_selection_filters() {
+    let root = tempdir();
+    let a = root.path().join("a");
+    fill(&a, root.path());
+    // -o - | import -
+    let export = Command::new(common::berth_bin())
+        .arg("--data-dir")
+        .arg(&a)
+        .args(["export", "-o", "-", "--queue", "other"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("export");
+    let out = export.wait_with_output().expect("export");
+    ok(&out, "export -o -");
+    assert!(stderr(&out).contains("exported 1 tasks (1 queues, 0 groups) to standard output"));
+    let b = root.path().join("b");
+    let mut import = Command::new(common::berth_bin())
+        .arg("--data-dir")
+        .arg(&b)
+        .args(["import", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("import");
+    {
+        use std::io::Write;
+        let mut stdin = import.stdin.take().expect("stdin");
+        stdin.write_all(&out.stdout).expect("write");
+    }
+    let o = import.wait_with_output().expect("import");
+    ok(&o, "import -");
+    assert_eq!(stdout(&o), "imported 1 tasks: ids 1..1\n");
+    let sb = state(&b);
+    assert_eq!(sb.tasks[&1].name, "solo");
+
+    // A child selected by a filter takes its whole group: --status waiting
+    // selects the three waiting children, and their parent comes along.
+    let file = root.path().join("g.bex");
+    let o = berth(
+        &a,
+        &[
+            "export",
+            "-o",
+            file.to_str().expect("utf-8"),
+            "--status",
+            "waiting",
+        ],
+    );
+    ok(&o, "export --status waiting");
+    assert!(
+        stderr(&o).contains("exported 4 tasks (1 queues, 1 groups)"),
+        "{}",
+        stderr(&o)
+    );
+    // Finished-only words need --history; unknown words are refused.
+    for (args, msg) in [
+        (
+            &["--status", "dead"][..],
+            "which an export takes only with --history",
+        ),
+        (&["--status", "zombie"], "'zombie' is not a status"),
+    ] {
+        let o = berth(&a, &[&["export", "-o", "x.bex"], args].concat());
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        assert!(stderr(&o).contains(msg), "{}", stderr(&o));
+    }
+    let o = berth(
+        &a,
+        &[
+            "export",
+            "-o",
+            file.to_str().expect("utf-8"),
+            "--status",
+            "dead",
+            "--history",
+        ],
+    );
+    ok(&o, "export --status dead --history");
+    assert!(stderr(&o).contains("exported 0 tasks (0 queues, 0 groups)"));
+    // Never into the data dir, nor a folder that does not exist.
+    let inside = a.join("x.bex");
+    let o = berth(&a, &["export", "-o", inside.to_str().expect("utf-8")]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("is inside the data dir"),
+        "{}",
+        stderr(&o)
+    );
+    let o = berth(&a, &["export", "-o", "/nonexistent/folder/x.bex"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("the folder /nonexistent/folder does not exist"));
+}
+
+/// Writes `bytes` to `name` under `dir`; returns its path.
+fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, bytes).expect("write");
+    p
+}
+
+#[test]
+fn damaged_files_are_refused_naming_the_file_and_nothing_changes() {
+    let root = tempdir();
+    let a = root.path().join("a");
+    fill(&a, root.path());
+    let good_path = root.path().join("good.bex");
+    ok(
+        &berth(
+            &a,
+            &[
+                "export",
+                "-o",
+                good_path.to_str().expect("utf-8"),
+                "--history",
+            ],
+        ),
+        "export",
+    );
+    let good = std::fs::read(&good_path).expect("read");
+    // The target: a data dir with a task of its own.
+    let t = root.path().join("t");
+    common::enqueue_id(&t, &["--queue", "main", "--kind", "K", "--name", "mine"]);
+    let before = snapshot(&t);
+    let header = 50 + "".len(); // no node name: the header ends at 50
+    let mut cases: Vec<(String, Vec<u8>, &str)> = Vec::new();
+    for cut in [0, 5, 12, header, good.len() / 2, good.len() - 1] {
+        let why = match cut {
+            0 => "not a berth export file (it is empty)",
+            5 => "not a berth export file",
+            _ => "the file is damaged",
+        };
+        cases.push((format!("cut{cut}.bex"), good[..cut].to_vec(), why));
+    }
+    for (region, at) in [
+        ("header", 30),
+        ("body", header + (good.len() - header) / 2),
+        ("trailer", good.len() - 1),
+    ] {
+        let mut b = good.clone();
+        b[at] ^= 0x04;
+        cases.push((format!("flip-{region}.bex"), b, "checksum mismatch"));
+    }
+    let mut v = good.clone();
+    v[8] = 2;
+    cases.push((
+        "v2.bex".into(),
+        v,
+        "export format version 2; this build reads version 1",
+    ));
+    let mut m = good.clone();
+    m[..8].copy_from_slice(b"BERTHSEG");
+    cases.push((
+        "magic.bex".into(),
+        m,
+        "not a berth export file (no BERTHEXP magic",
+    ));
+    for (name, bytes, why) in &cases {
+        let p = write(root.path(), name, bytes);
+        let o = berth(&t, &["import", p.to_str().expect("utf-8")]);
+        assert_eq!(o.status.code(), Some(2), "{name}: {}", stderr(&o));
+        let e = stderr(&o);
+        assert!(e.contains(name.as_str()) && e.contains(why), "{name}: {e}");
+        assert_eq!(snapshot(&t), before, "{name} changed the target");
+        // A data dir that does not exist is not created.
+        let fresh = root.path().join("fresh");
+        let o = berth(&fresh, &["import", p.to_str().expect("utf-8")]);
+        assert_eq!(o.status.code(), Some(2), "{name}");
+        assert!(!fresh.exists(), "{name} created the data dir");
+    }
+    // A missing file, and kinds without a handler (a config given).
+    let o = berth(&t, &["import", "/nonexistent.bex"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("cannot read /nonexistent.bex"));
+    let cfg = write_root(
+        root.path(),
+        HOOK,
+        "data_dir = \"t\"\n[handlers.Other]\ncommand = [\"./hook.sh\"]\n",
+    );
+    let o = berth_cfg(&cfg, &["import", good_path.to_str().expect("utf-8")]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("no handler for kind 'ModuleRun' here"),
+        "{}",
+        stderr(&o)
+    );
+    // A budget the big payload does not fit.
+    let cfg = write_root(
+        root.path(),
+        HOOK,
+        "data_dir = \"t\"\n[budget]\nmax_object = \"8KiB\"\n[handlers.ModuleRun]\ncommand = [\"./hook.sh\"]\n",
+    );
+    let o = berth_cfg(&cfg, &["import", good_path.to_str().expect("utf-8")]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("(ModuleRun big): task record is")
+            && stderr(&o).contains("the object budget is 8 KiB"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(snapshot(&t), before);
+}
+
+#[test]
+fn through_daemons_a_running_task_comes_back_queued_and_everything_runs() {
+    let ra = tempdir();
+    let cfg_a = write_root(ra.path(), HOOK, &config("edge-1", ""));
+    std::fs::write(ra.path().join("hold"), b"").expect("hold");
+    let a = ra.path().join("data");
+    fill(&a, ra.path());
+    let mut da = Daemon::start_in(ra.path());
+    wait_for("the held task to run", || {
+        let o = berth_cfg(
+            &cfg_a,
+            &["task", "list", "--status", "running", "-o", "json"],
+        );
+        stdout(&o).contains("\"held\"")
+    });
+    let file = ra.path().join("pending.bex");
+    let o = berth_cfg(&cfg_a, &["export", "-o", file.to_str().expect("utf-8")]);
+    ok(&o, "export through the daemon");
+    assert!(
+        stderr(&o).contains("exported 8 tasks (2 queues, 1 groups)"),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::remove_file(ra.path().join("hold")).expect("release");
+    da.signal(libc::SIGTERM);
+    da.wait_exit(Duration::from_secs(20));
+
+    let rb = tempdir();
+    let cfg_b = write_root(rb.path(), HOOK, &config("edge-2", ""));
+    let b = rb.path().join("data");
+    // B's daemon starts on an empty data dir; the import goes through it.
+    ok(
+        &berth(
+            &b,
+            &[
+                "enqueue",
+                "--queue",
+                "x",
+                "--kind",
+                "ModuleRun",
+                "--name",
+                "first",
+            ],
+        ),
+        "enqueue",
+    );
+    let db = Daemon::start_in(rb.path());
+    let o = berth_cfg(
+        &cfg_b,
+        &["import", file.to_str().expect("utf-8"), "-o", "json"],
+    );
+    ok(&o, "import through the daemon");
+    let map = id_map(&o);
+    assert_eq!(map.values().min(), Some(&2));
+    wait_for("every imported task to finish", || {
+        let o = berth_cfg(&cfg_b, &["task", "list", "--status", "live", "-o", "json"]);
+        stdout(&o).trim() == "[]"
+    });
+    drop(db);
+    let sb = state(&b);
+    let held = sb.tasks.values().find(|t| t.name == "held").expect("held");
+    assert_eq!(held.status, Status::Succeeded);
+    assert_eq!(held.failures, 1, "{held:?}");
+    assert_eq!(
+        held.last_failure.as_deref(),
+        Some(berth::ops::INTERRUPTED_BY_EXPORT)
+    );
+    assert_eq!(held.attempts, 2);
+    let succeeded = sb
+        .tasks
+        .values()
+        .filter(|t| t.status == Status::Succeeded)
+        .count();
+    assert_eq!(succeeded, 9, "the 8 imported tasks and B's own");
+    verify(&b);
+}
+
+#[test]
+fn a_daemon_writes_backups_and_keeps_the_newest() {
+    let root = tempdir();
+    std::fs::create_dir(root.path().join("backups")).expect("mkdir");
+    write_root(
+        root.path(),
+        HOOK,
+        &config(
+            "edge-1",
+            "[backup]\nevery = \"1s\"\npath = \"backups\"\nkeep = 2\n",
+        ),
+    );
+    std::fs::write(root.path().join("hold"), b"").expect("hold");
+    let dir = root.path().join("data");
+    common::enqueue_id(
+        &dir,
+        &[
+            "--queue",
+            "main",
+            "--kind",
+            "ModuleRun",
+            "--name",
+            "held",
+            "--payload",
+            r#"{"hold":1}"#,
+        ],
+    );
+    common::enqueue_id(
+        &dir,
+        &["--queue", "main", "--kind", "ModuleRun", "--name", "next"],
+    );
+    let mut d = Daemon::start_in(root.path());
+    let written = |d: &Daemon| -> Vec<String> {
+        d.log_text()
+            .lines()
+            .filter_map(|l| l.split("] backup ").nth(1))
+            .filter_map(|rest| rest.find(".bex:").map(|i| rest[..i + 4].to_string()))
+            .collect()
+    };
+    wait_for("four backups", || written(&d).len() >= 4);
+    std::fs::remove_file(root.path().join("hold")).expect("release");
+    d.signal(libc::SIGTERM);
+    d.wait_exit(Duration::from_secs(20));
+    let all = written(&d);
+    let mut left: Vec<PathBuf> = std::fs::read_dir(root.path().join("backups"))
+        .expect("ls")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    left.sort();
+    let newest: Vec<PathBuf> = all[all.len() - 2..].iter().map(PathBuf::from).collect();
+    assert_eq!(
+        left, newest,
+        "the folder keeps the newest two; the log: {all:?}"
+    );
+    assert!(!Path::new(&all[0]).exists(), "the oldest was pruned");
+    // A backup is an export of everything: it imports.
+    let b = root.path().join("restored");
+    let o = berth(&b, &["import", left[1].to_str().expect("utf-8")]);
+    ok(&o, "import a backup");
+    assert_eq!(stdout(&o), "imported 2 tasks: ids 1..2\n");
+    verify(&b);
+}
+
+/// README.md, "Moving pending work to another node": the commands as
+/// written there, on two "nodes" (two folders, each with its config).
+#[test]
+fn the_readme_worked_example_works() {
+    let node_a = tempdir();
+    let node_b = tempdir();
+    let cfg_a = write_root(node_a.path(), HOOK, &config("edge-1", ""));
+    let cfg_b = write_root(node_b.path(), HOOK, &config("edge-2", ""));
+    std::fs::write(node_a.path().join("hold"), b"").expect("hold");
+    let on_a = |args: &[&str]| berth_cfg(&cfg_a, args);
+    let on_b = |args: &[&str]| berth_cfg(&cfg_b, args);
+    for name in ["kube-dns", "cert-manager", "ingress-nginx"] {
+        let payload = if name == "kube-dns" {
+            r#"{"hold":1}"#
+        } else {
+            "{}"
+        };
+        ok(
+            &on_a(&[
+                "enqueue",
+                "--queue",
+                "main",
+                "--kind",
+                "ModuleRun",
+                "--name",
+                name,
+                "--payload",
+                payload,
+            ]),
+            "enqueue",
+        );
+    }
+    let mut da = Daemon::start_in(node_a.path());
+    wait_for("kube-dns to run on A", || {
+        stdout(&on_a(&[
+            "task", "list", "--status", "running", "-o", "json",
+        ]))
+        .contains("kube-dns")
+    });
+    // 1. Export through A's running daemon.
+    let file = node_a.path().join("pending.bex");
+    let o = on_a(&["export", "-o", file.to_str().expect("utf-8")]);
+    ok(&o, "export");
+    assert!(
+        stderr(&o).contains("exported 3 tasks (1 queues, 0 groups)"),
+        "{}",
+        stderr(&o)
+    );
+    // 2. Stop A.
+    std::fs::remove_file(node_a.path().join("hold")).expect("release");
+    da.signal(libc::SIGTERM);
+    da.wait_exit(Duration::from_secs(20));
+    // 3. Copy the file.
+    let copied = node_b.path().join("pending.bex");
+    std::fs::copy(&file, &copied).expect("copy");
+    // 4. Import on B and run.
+    let o = on_b(&["import", copied.to_str().expect("utf-8")]);
+    ok(&o, "import");
+    assert_eq!(stdout(&o), "imported 3 tasks: ids 1..3\n");
+    let o = Command::new(common::berth_bin())
+        .args(["--config"])
+        .arg(&cfg_b)
+        .args(["run", "--until-idle"])
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run");
+    ok(&o, "run --until-idle on B");
+    let o = on_b(&["task", "list", "-o", "json"]);
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).expect("json");
+    let names: Vec<(&str, &str)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["name"].as_str().unwrap_or(""),
+                r["status"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("kube-dns", "succeeded"),
+            ("cert-manager", "succeeded"),
+            ("ingress-nginx", "succeeded")
+        ]
+    );
+}
+
+#[test]
+fn a_failed_backup_is_logged_and_tried_again_and_the_daemon_goes_on() {
+    let root = tempdir();
+    let backups = root.path().join("backups");
+    std::fs::create_dir(&backups).expect("mkdir");
+    write_root(
+        root.path(),
+        HOOK,
+        &config("edge-1", "[backup]\nevery = \"1s\"\npath = \"backups\"\n"),
+    );
+    let mut d = Daemon::start_in(root.path());
+    let count = |d: &Daemon, what: &str| d.log_text().lines().filter(|l| l.contains(what)).count();
+    wait_for("a backup", || count(&d, "] backup ") >= 1);
+    // The folder goes away: the next backups fail, and are logged.
+    let away = root.path().join("away");
+    std::fs::rename(&backups, &away).expect("move the folder away");
+    wait_for("a failed backup", || {
+        count(&d, "failed (tried again in 1s)") >= 1
+    });
+    assert!(
+        d.child.try_wait().expect("try_wait").is_none(),
+        "the daemon stopped"
+    );
+    // It comes back: so do the backups.
+    std::fs::create_dir(&backups).expect("mkdir");
+    wait_for("a backup in the new folder", || {
+        std::fs::read_dir(&backups).expect("ls").count() >= 1
+    });
+    let o = berth(
+        &root.path().join("data"),
+        &[
+            "enqueue",
+            "--queue",
+            "q",
+            "--kind",
+            "ModuleRun",
+            "--name",
+            "n",
+        ],
+    );
+    ok(&o, "the daemon still serves");
+    d.signal(libc::SIGTERM);
+    let (status, _) = d.wait_exit(Duration::from_secs(20));
+    assert!(status.success(), "{status}");
+}
