@@ -2,8 +2,9 @@
 //! exports): which tasks an export takes, and how an import adds them, all
 //! in one commit. The file's bytes are `transfer`'s.
 //!
-//! An export reads the store at rest (`Store::at_rest`: no commit lands
-//! while it reads) and never writes to the data dir. An import checks the
+//! An export reads the state as of one event (`Store::at_rest`, a
+//! lock-free snapshot: commits go on meanwhile) and never writes to the
+//! data dir. An import checks the
 //! whole file first (format, names, budget, kinds, the size of the one
 //! commit), then adds every task with a new id through `WriteTxn::enqueue`
 //! (normal `enqueued` events; a finished task then gets its
@@ -91,7 +92,9 @@ pub fn export(ctx: &Ctx<'_>, path: &Path, sel: &Selection) -> Result<Value, OpEr
         .ok_or_else(|| OpError::runtime("the data dir does not exist"))?;
     check_output(store, path)?;
     let node = node_of(ctx);
-    let export = store.at_rest(|view| collect(view, sel, node.as_ref()))?;
+    let export = store
+        .at_rest(|view| collect(view, sel, node.as_ref()))
+        .map_err(corrupt)??;
     let export = Export {
         created_at: store.clock().now_ms(),
         node: node.and_then(|n| n.name),

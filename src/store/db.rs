@@ -554,28 +554,19 @@ impl Store {
             .and_then(Deadlines::next)
     }
 
-    /// Runs `f` on a view of the store that no commit changes meanwhile:
-    /// the queues' order and every task read through it are of one moment
-    /// (an export's consistent read). It holds the write lock, so commits
-    /// wait for `f`: keep it to reading.
-    pub fn at_rest<R>(&self, f: impl FnOnce(&AtRest<'_>) -> R) -> R {
-        let inner = self.lock_inner();
-        let queues = inner
-            .order
-            .queues()
-            .into_iter()
-            .map(|(q, _)| {
-                let ids = inner.order.ids(&q);
-                (q, ids)
-            })
-            .collect();
+    /// Runs `f` on a view of the store as of one moment: the queues'
+    /// order and every task read through it are of the same event (an
+    /// export's consistent read). The view is a [`Store::snapshot`], so
+    /// commits go on while `f` reads: nothing waits for an export.
+    pub fn at_rest<R>(&self, f: impl FnOnce(&AtRest<'_>) -> R) -> Result<R, CorruptRecord> {
+        let snap = self.snapshot()?;
         let view = AtRest {
-            store: self,
-            queues,
+            queues: snap.model.queues.into_iter().collect(),
+            live: snap.model.live,
+            history: snap.model.history,
+            _store: std::marker::PhantomData,
         };
-        let r = f(&view);
-        drop(inner);
-        r
+        Ok(f(&view))
     }
 
     /// Tasks placed in queues, in all.
@@ -667,10 +658,12 @@ impl Drop for Store {
     }
 }
 
-/// The store as [`Store::at_rest`] shows it: no commit lands while it lives.
+/// The store as [`Store::at_rest`] shows it: the state after one event.
 pub struct AtRest<'a> {
-    store: &'a Store,
     queues: Vec<(String, Vec<u64>)>,
+    live: std::collections::BTreeMap<u64, Task>,
+    history: std::collections::BTreeMap<u64, Task>,
+    _store: std::marker::PhantomData<&'a Store>,
 }
 
 impl AtRest<'_> {
@@ -679,23 +672,23 @@ impl AtRest<'_> {
         &self.queues
     }
 
-    /// Every live task, by id, corrupt ones as errors.
+    /// Every live task, by id (a snapshot holds no corrupt one: it refuses).
     pub fn live_tasks(&self) -> Vec<Result<Task, CorruptRecord>> {
-        self.store.live_tasks()
+        self.live.values().cloned().map(Ok).collect()
     }
 
-    /// Every finished task, by id, corrupt ones as errors.
+    /// Every finished task, by id.
     pub fn history(&self) -> Vec<Result<Task, CorruptRecord>> {
-        self.store.history()
+        self.history.values().cloned().map(Ok).collect()
     }
 
     /// A live task, if there is one with this id.
     pub fn live_task(&self, id: u64) -> Result<Option<Task>, ReadError> {
-        self.store.live_task(id)
+        Ok(self.live.get(&id).cloned())
     }
 
     /// A finished task, if there is one with this id.
     pub fn history_task(&self, id: u64) -> Result<Option<Task>, ReadError> {
-        self.store.history_task(id)
+        Ok(self.history.get(&id).cloned())
     }
 }
