@@ -26,7 +26,7 @@ use std::time::Duration;
 use crate::archive::{self, ArchiveError, SegmentInfo};
 use crate::checkpoint;
 use crate::store::verify::Model;
-use crate::store::{CorruptRecord, ReadError, Snapshot, Store, WriteError};
+use crate::store::{CorruptRecord, LogRecord, ReadError, Snapshot, Store, WriteError};
 
 /// The retention limits (`[retention]` in the config).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -111,8 +111,14 @@ pub fn pass(store: &Store, r: &Retention) -> Result<PassReport, RetentionError> 
         pruned: prune_history(store, r)?,
         ..PassReport::default()
     };
-    cut_log(store, r, &mut report)?;
-    checkpoint_if_due(store, r, &mut report)?;
+    // The log's records are read (decoded) once per pass: what the cut
+    // leaves is what the checkpoint step looks at.
+    let mut records = store.log_records()?;
+    cut_log(store, r, &records, &mut report)?;
+    if let Some(upto) = report.cut_upto {
+        records.retain(|x| x.first_seq > upto);
+    }
+    checkpoint_if_due(store, r, &records, &mut report)?;
     delete_old_checkpoints(store.dir(), store.log_start()?, &mut report)?;
     let count_from = store.counting().since;
     trim_archive(
@@ -172,8 +178,12 @@ fn prune_history(store: &Store, r: &Retention) -> Result<usize, RetentionError> 
 
 /// Step 2: archives and cuts the log up to the newest checkpoint the
 /// limits allow.
-fn cut_log(store: &Store, r: &Retention, report: &mut PassReport) -> Result<(), RetentionError> {
-    let records = store.log_records()?;
+fn cut_log(
+    store: &Store,
+    r: &Retention,
+    records: &[LogRecord],
+    report: &mut PassReport,
+) -> Result<(), RetentionError> {
     let now = store.clock().now_ms();
     let too_old = now.saturating_sub(r.log_age.as_millis() as u64);
     let mut size: u64 = records.iter().map(|x| x.bytes).sum();
@@ -216,6 +226,7 @@ fn cut_log(store: &Store, r: &Retention, report: &mut PassReport) -> Result<(), 
 fn checkpoint_if_due(
     store: &Store,
     r: &Retention,
+    records: &[LogRecord],
     report: &mut PassReport,
 ) -> Result<(), RetentionError> {
     let dir = store.dir();
@@ -223,7 +234,6 @@ fn checkpoint_if_due(
         .map_err(io("listing checkpoints in", dir))?
         .last()
         .map_or(0, |(s, _)| *s);
-    let records = store.log_records()?;
     let since: Vec<_> = records.iter().filter(|x| x.first_seq > newest).collect();
     let Some(first) = since.first() else {
         return Ok(());

@@ -5,7 +5,6 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -14,27 +13,6 @@ use common::daemon::{Daemon, write_root};
 use common::{berth, stderr, stdout, tempdir, wait_for};
 
 const HOOK: &str = "#!/bin/sh\ncat >/dev/null\nwhile [ ! -e never ]; do sleep 0.05; done\n";
-
-/// Every file under `dir` with a hash of its bytes, for "nothing changed".
-fn snapshot(dir: &Path) -> Vec<(String, u64)> {
-    use std::hash::{Hash, Hasher};
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).expect("read_dir").flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                let mut h = std::collections::hash_map::DefaultHasher::new();
-                std::fs::read(&p).unwrap_or_default().hash(&mut h);
-                out.push((p.display().to_string(), h.finish()));
-            }
-        }
-    }
-    out.sort();
-    out
-}
 
 #[test]
 fn watch_goes_on_while_a_daemon_starts_and_stops() {
@@ -161,7 +139,7 @@ fn every_command_takes_the_config_and_standard_input() {
     let mut rng = fastrand::Rng::with_seed(5);
     let big: String = (0..200_000).map(|_| rng.alphanumeric()).collect();
     let big = format!("\"{big}\"");
-    let before = snapshot(&root.path().join("from-config"));
+    let before = common::file_hashes(&root.path().join("from-config"));
     let o = run(
         &[
             "enqueue",
@@ -182,7 +160,10 @@ fn every_command_takes_the_config_and_standard_input() {
         "{}",
         stderr(&o)
     );
-    assert_eq!(snapshot(&root.path().join("from-config")), before);
+    assert_eq!(
+        common::file_hashes(&root.path().join("from-config")),
+        before
+    );
     // --data-dir wins over the config.
     let o = run(&["--data-dir", "other", "queue", "list"], "");
     assert_eq!(o.status.code(), Some(1));
@@ -205,7 +186,7 @@ fn reading_never_writes_and_a_folder_that_is_not_a_data_dir_is_refused() {
         .status
         .success()
     );
-    let before = snapshot(&dir);
+    let before = common::file_hashes(&dir);
     for args in [
         &["queue", "list"][..],
         &["queue", "list", "-o", "json"],
@@ -215,7 +196,11 @@ fn reading_never_writes_and_a_folder_that_is_not_a_data_dir_is_refused() {
     ] {
         let o = berth(&dir, args);
         assert!(o.status.success(), "{args:?}: {}", stderr(&o));
-        assert_eq!(snapshot(&dir), before, "{args:?} changed the data dir");
+        assert_eq!(
+            common::file_hashes(&dir),
+            before,
+            "{args:?} changed the data dir"
+        );
     }
     // A read-only copy can be read.
     let ro = root.path().join("ro");

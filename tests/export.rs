@@ -29,30 +29,6 @@ fn config(node: &str, extra: &str) -> String {
     )
 }
 
-/// Every file under `dir` with a hash of its bytes, for "nothing changed".
-fn snapshot(dir: &Path) -> Vec<(String, u64)> {
-    use std::hash::{Hash, Hasher};
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                let mut h = std::collections::hash_map::DefaultHasher::new();
-                std::fs::read(&p).unwrap_or_default().hash(&mut h);
-                out.push((p.display().to_string(), h.finish()));
-            }
-        }
-    }
-    out.sort();
-    out
-}
-
 fn ok(o: &Output, what: &str) {
     assert!(o.status.success(), "{what}: {}{}", stdout(o), stderr(o));
 }
@@ -245,7 +221,7 @@ fn an_import_reproduces_every_task_runs_them_and_the_export_wrote_nothing_to_its
     let cfg = write_root(root.path(), HOOK, &config("edge-2", ""));
     let a = root.path().join("a");
     fill(&a, root.path());
-    let before = snapshot(&a);
+    let before = common::file_hashes(&a);
     let file = root.path().join("all.bex");
     let o = berth(
         &a,
@@ -258,7 +234,7 @@ fn an_import_reproduces_every_task_runs_them_and_the_export_wrote_nothing_to_its
         stderr(&o)
     );
     assert_eq!(
-        snapshot(&a),
+        common::file_hashes(&a),
         before,
         "the export wrote to the data dir it read"
     );
@@ -431,7 +407,7 @@ fn damaged_files_are_refused_naming_the_file_and_nothing_changes() {
     // The target: a data dir with a task of its own.
     let t = root.path().join("t");
     common::enqueue_id(&t, &["--queue", "main", "--kind", "K", "--name", "mine"]);
-    let before = snapshot(&t);
+    let before = common::file_hashes(&t);
     let header = 50 + "".len(); // no node name: the header ends at 50
     let mut cases: Vec<(String, Vec<u8>, &str)> = Vec::new();
     for cut in [0, 5, 12, header, good.len() / 2, good.len() - 1] {
@@ -471,7 +447,7 @@ fn damaged_files_are_refused_naming_the_file_and_nothing_changes() {
         assert_eq!(o.status.code(), Some(2), "{name}: {}", stderr(&o));
         let e = stderr(&o);
         assert!(e.contains(name.as_str()) && e.contains(why), "{name}: {e}");
-        assert_eq!(snapshot(&t), before, "{name} changed the target");
+        assert_eq!(common::file_hashes(&t), before, "{name} changed the target");
         // A data dir that does not exist is not created.
         let fresh = root.path().join("fresh");
         let o = berth(&fresh, &["import", p.to_str().expect("utf-8")]);
@@ -508,7 +484,7 @@ fn damaged_files_are_refused_naming_the_file_and_nothing_changes() {
         "{}",
         stderr(&o)
     );
-    assert_eq!(snapshot(&t), before);
+    assert_eq!(common::file_hashes(&t), before);
 }
 
 #[test]

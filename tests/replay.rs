@@ -156,30 +156,15 @@ fn capture(run: &Run, what: &'static str) -> Moment {
     m
 }
 
-/// Every regular file under `dir` with its content's CRC and length.
-fn hashes(dir: &Path) -> BTreeMap<PathBuf, (u32, usize)> {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).expect("read_dir") {
-            let e = e.expect("entry");
-            let t = e.file_type().expect("type");
-            if t.is_dir() {
-                stack.push(e.path());
-            } else if t.is_file() {
-                let bytes = std::fs::read(e.path()).expect("read");
-                out.insert(e.path(), (crc32fast::hash(&bytes), bytes.len()));
-            }
-        }
-    }
-    out
-}
-
 /// Runs `args` and checks that no file under `dir` changed.
 fn unchanged(dir: &Path, args: &[&str]) -> Output {
-    let before = hashes(dir);
+    let before = common::file_hashes(dir);
     let o = berth(dir, args);
-    assert_eq!(hashes(dir), before, "berth {args:?} changed the data dir");
+    assert_eq!(
+        common::file_hashes(dir),
+        before,
+        "berth {args:?} changed the data dir"
+    );
     o
 }
 

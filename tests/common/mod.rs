@@ -259,3 +259,29 @@ pub fn alive(pid: i32) -> bool {
 pub fn read_pid(file: &Path) -> Option<i32> {
     std::fs::read_to_string(file).ok()?.trim().parse().ok()
 }
+
+/// Every file under `dir` (none if it does not exist) with a hash of its
+/// bytes, sorted: equal before and after a command means the command
+/// changed nothing there.
+pub fn file_hashes(dir: &Path) -> Vec<(String, u64)> {
+    use std::hash::{Hash, Hasher};
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                std::fs::read(&p).unwrap_or_default().hash(&mut h);
+                out.push((p.display().to_string(), h.finish()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
