@@ -636,3 +636,57 @@ fn opening_re_applies_every_commit_after_the_applied_mark() {
     assert_eq!(s.task(ids[0]).unwrap().unwrap().status, Status::Succeeded);
     assert_log_agrees(&s);
 }
+
+/// A format-3 dir kept its counters in the default tree; opening it moves
+/// them to their own tree (format 4) with the same values, and the log
+/// still agrees with the state. Also after a crash between the copy and the
+/// delete (both trees hold them, the format still 3).
+#[test]
+fn opening_a_format_3_dir_moves_its_counters_to_their_tree() {
+    for crash_midway in [false, true] {
+        let dir = tempdir();
+        let clock = FakeClock::new(T0);
+        let counts = {
+            let store = open(dir.path(), &clock);
+            let a = add(&store, "main", "a", Placement::Last);
+            add(&store, "main", "b", Placement::Last);
+            let mut w = store.write();
+            w.start(a).unwrap();
+            w.succeed(a, None).unwrap();
+            w.commit().unwrap();
+            let c = store.counting().counts;
+            assert!(!c.is_empty(), "a finished task is counted");
+            c
+        };
+        // Make it format 3 as a format-3 build left it.
+        {
+            let db = sled::open(dir.path().join("db")).expect("sled");
+            let counters = db.open_tree("counters").unwrap();
+            let mut n = 0;
+            for item in counters.iter() {
+                let (k, v) = item.unwrap();
+                assert_eq!(k[0], b'c');
+                db.insert(&k, v).unwrap();
+                if !crash_midway {
+                    counters.remove(&k).unwrap();
+                }
+                n += 1;
+            }
+            assert!(n > 0);
+            db.insert(b"mformat", berth::codec::encode(&3u64)).unwrap();
+            db.flush().unwrap();
+        }
+        let store = open(dir.path(), &clock);
+        assert_eq!(store.counting().counts, counts);
+        assert_log_agrees(&store);
+        drop(store);
+        let db = sled::open(dir.path().join("db")).expect("sled");
+        assert_eq!(
+            db.scan_prefix(b"c").count(),
+            0,
+            "moved out of the default tree"
+        );
+        let format = db.get(b"mformat").unwrap().unwrap();
+        assert_eq!(berth::codec::decode::<u64>(&format), Ok(4));
+    }
+}

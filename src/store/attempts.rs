@@ -273,10 +273,12 @@ mod tests {
         }
         let mut changed = AttemptLog::interrupted(1, None, 6);
         changed.exit_code = Some(3);
-        s.tree
+        s.trees
+            .main
             .insert(keys::attempt_key(id, 1), crate::codec::encode(&changed))
             .unwrap();
-        s.tree
+        s.trees
+            .main
             .insert(keys::attempt_key(id, 7), crate::codec::encode(&changed))
             .unwrap();
         let diffs = verify::verify(&s).unwrap();
@@ -286,7 +288,7 @@ mod tests {
             diffs[1],
             "attempt 7 of task 1 is logged in the state but not in the log"
         );
-        s.tree.remove(keys::attempt_key(id, 1)).unwrap();
+        s.trees.main.remove(keys::attempt_key(id, 1)).unwrap();
         let diffs = verify::verify(&s).unwrap();
         assert_eq!(
             diffs[0],

@@ -87,7 +87,7 @@ pub(crate) struct Inner {
 }
 
 pub struct Store {
-    pub(super) tree: sled::Db,
+    pub(super) trees: super::overlay::Trees,
     pub(super) dir: PathBuf,
     pub(super) inner: Mutex<Inner>,
     pub(super) commit: Arc<GroupCommit>,
@@ -151,10 +151,11 @@ impl Store {
             return Err(crate::store::WriteError::Failed(why));
         }
         if let Err(e) = self
-            .tree
+            .trees
+            .main
             .insert(keys::META_PARALLEL, codec::encode(&(n as u64)))
         {
-            self.failed.fail(&self.tree, &e);
+            self.failed.fail(&self.trees.main, &e);
             return Err(e.into());
         }
         self.flush_now().map_err(crate::store::WriteError::Flush)
@@ -214,8 +215,12 @@ impl Store {
         writes: Vec<KeyWrite>,
     ) -> Result<u64, WriteError> {
         self.overlay.wait_for_room();
-        if let Err(e) = self.tree.insert(keys::id_key(EVENT, first_seq), record) {
-            self.failed.fail(&self.tree, &e);
+        if let Err(e) = self
+            .trees
+            .main
+            .insert(keys::id_key(EVENT, first_seq), record)
+        {
+            self.failed.fail(&self.trees.main, &e);
             return Err(WriteError::Database(e));
         }
         self.overlay
@@ -235,7 +240,7 @@ impl Store {
     }
 
     pub(crate) fn flush_now(&self) -> std::io::Result<()> {
-        flush_durable(&self.tree, &self.files, &self.failed)
+        flush_durable(&self.trees.main, &self.files, &self.failed)
     }
 
     /// Flushes everything written so far to disk.
@@ -287,7 +292,7 @@ impl Store {
     pub(crate) fn get_raw(&self, key: &[u8]) -> Result<Option<sled::IVec>, sled::Error> {
         match self.overlay.get(key) {
             Some(v) => Ok(v),
-            None => self.tree.get(key),
+            None => self.trees.for_key(key).get(key),
         }
     }
 
@@ -364,7 +369,7 @@ impl Store {
         // with a value at least as new as the one it had when the scan began.
         let mut pending = self.overlay.prefix(prefix).into_iter().peekable();
         let mut out = Vec::new();
-        for item in self.tree.scan_prefix(prefix) {
+        for item in self.trees.for_key(prefix).scan_prefix(prefix) {
             let (k, v) = match item {
                 Ok(kv) => kv,
                 Err(e) => {
@@ -433,7 +438,8 @@ impl Store {
     ) -> impl Iterator<Item = Result<Event, CorruptRecord>> + '_ {
         // Start at the record that holds `from_seq`.
         let start = self
-            .tree
+            .trees
+            .main
             .range(keys::id_key(EVENT, 0)..=keys::id_key(EVENT, from_seq))
             .next_back()
             .and_then(|r| r.ok())
@@ -442,7 +448,8 @@ impl Store {
                 a.copy_from_slice(&k);
                 a
             });
-        self.tree
+        self.trees
+            .main
             .range(start..=keys::id_key(EVENT, u64::MAX))
             .flat_map(move |item| {
                 let decoded =
@@ -467,7 +474,7 @@ impl Store {
     /// commit record), or `None` when the log is empty. (Once retention
     /// moves old records into archive segments, it is more than 1.)
     pub fn first_logged_seq(&self) -> Result<Option<u64>, CorruptRecord> {
-        match self.tree.scan_prefix([EVENT]).next() {
+        match self.trees.main.scan_prefix([EVENT]).next() {
             None => Ok(None),
             Some(Err(e)) => Err(CorruptRecord::new(&[EVENT], e)),
             Some(Ok((k, _))) => keys::parse_id_key(&k)
@@ -519,8 +526,8 @@ impl Store {
         if let Some(why) = self.failure() {
             return Err(WriteError::Failed(why));
         }
-        if let Err(e) = self.tree.insert(keys::META_NODE, codec::encode(node)) {
-            self.failed.fail(&self.tree, &e);
+        if let Err(e) = self.trees.main.insert(keys::META_NODE, codec::encode(node)) {
+            self.failed.fail(&self.trees.main, &e);
             return Err(e.into());
         }
         self.flush_now().map_err(WriteError::Flush)

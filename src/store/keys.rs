@@ -11,7 +11,7 @@
 //! | `e` seq:u64                           | commit record         |
 //! | `q` queue-name 0x00 position:i64(*)   | task id:u64           |
 //! | `o` id:u64 attempt:u32                | attempt log           |
-//! | `c` kind                              | that kind's counters  |
+//! | `c` kind (tree `counters`)            | that kind's counters  |
 //!
 //! (*) positions are stored with the sign bit flipped so that negative
 //! positions sort before positive ones.
@@ -28,8 +28,12 @@ pub const QUEUE: u8 = b'q';
 /// held the oldest commit records, which can be megabytes: sled rewrote
 /// them, as blobs, at every step, and the engine ran at half speed.)
 pub const ATTEMPT: u8 = b'o';
-/// Counters per task kind (see `counters`).
+/// Counters per task kind (see `counters`). These keys live in a sled tree
+/// of their own, [`COUNTERS_TREE`] (see `overlay::Trees`).
 pub const COUNTER: u8 = b'c';
+/// The sled tree of the `c` keys (format 4 on; before, they were in the
+/// default tree, and opening moves them).
+pub const COUNTERS_TREE: &[u8] = b"counters";
 
 pub const META_FORMAT: &[u8] = b"mformat";
 /// The key (first event number) of a commit record up to which every record's
@@ -51,11 +55,15 @@ pub const META_PARALLEL: &[u8] = b"mparallel";
 pub const META_NODE: &[u8] = b"mnode";
 
 /// The on-disk layout version (the key layout above; the record framing has its own byte).
+/// 4: the `c` keys are in their own tree (`COUNTERS_TREE`); a format-3
+/// build would not see them. Opening upgrades a format-3 (or older) dir by
+/// moving them there.
+pub const STORE_FORMAT: u64 = 4;
 /// 3: records may be of version 2 (`codec`), which builds of format 2 cannot
 /// read; the key layout is format 2's. Opening upgrades a format-2 dir by
 /// writing this number: its version-1 records stay as they are and readable,
 /// and a format-2 build refuses the dir instead of misreading new records.
-pub const STORE_FORMAT: u64 = 3;
+pub const STORE_FORMAT_V3: u64 = 3;
 /// Deferred apply (`mapplied`), every record of version 1. Opening upgrades it.
 pub const STORE_FORMAT_V2: u64 = 2;
 /// The format before deferred apply (no `mapplied`; only the last record may

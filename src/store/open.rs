@@ -7,7 +7,8 @@
 //!    nobody waits for a daemon.
 //! 3. [`open_sled`]: leftovers of an interrupted snapshot removed, a lost or
 //!    damaged database refused with an error that says what to do.
-//! 4. [`check_format`]: `mformat`, or a new store (format, mark, marker).
+//! 4. [`check_format`]: `mformat`, or a new store (format, mark, marker);
+//!    an older format's counters moved to their tree ([`move_counters`]).
 //! 5. [`reapply`]: every commit record after the applied mark, in order;
 //!    `next_id` and `next_seq` from the last one.
 //! 6. [`load_order`]: the queue order index from the `q` keys; and
@@ -35,7 +36,7 @@ use crate::store::health::Failed;
 use crate::store::keys::{self, COUNTER, EVENT, HISTORY, QUEUE, TASK};
 use crate::store::lock::{DirLock, Holder, LockError, Role};
 use crate::store::order::Order;
-use crate::store::overlay::{self, Overlay};
+use crate::store::overlay::{self, Overlay, Trees};
 use crate::store::panics;
 use crate::task::{Status, Task};
 
@@ -155,7 +156,7 @@ fn lock_dir(dir: &Path, opts: &Options) -> Result<Option<DirLock>, OpenError> {
 /// removed, a database that the marker says existed but is now missing or
 /// empty is refused, and a damaged one (sled returns corruption, or panics)
 /// is an error that says what to do, never a panic. Errors name `dir`.
-fn open_sled(dir: &Path, db: &Path, opts: &Options) -> Result<sled::Db, OpenError> {
+fn open_sled(dir: &Path, db: &Path, opts: &Options) -> Result<Trees, OpenError> {
     if let Err(files::Damage::Lost(what)) = files::check_not_lost(dir) {
         return Err(OpenError::Lost {
             dir: dir.to_path_buf(),
@@ -177,8 +178,8 @@ fn open_sled(dir: &Path, db: &Path, opts: &Options) -> Result<sled::Db, OpenErro
         dir: dir.to_path_buf(),
         detail,
     };
-    match panics::catch(|| open_config(&config)) {
-        Ok(Ok(tree)) => Ok(tree),
+    match panics::catch(|| open_config(&config).and_then(Trees::open)) {
+        Ok(Ok(trees)) => Ok(trees),
         Ok(Err(sled::Error::Io(source))) if source.raw_os_error() == Some(libc::ENOSPC) => {
             Err(OpenError::NoSpace {
                 dir: dir.to_path_buf(),
@@ -225,7 +226,9 @@ fn open_config(config: &sled::Config) -> sled::Result<sled::Db> {
 /// `OpenError` naming the data dir.
 struct Opening<'a> {
     dir: &'a Path,
+    /// The default tree (`trees.main`).
     tree: &'a sled::Db,
+    trees: &'a Trees,
     failed: &'a Failed,
 }
 
@@ -298,7 +301,12 @@ fn check_format(o: &Opening<'_>, files: &DbFiles, read_only: bool) -> Result<u64
             keys::STORE_FORMAT
         }
         Some(v) => match codec::decode::<u64>(&v) {
-            Ok(f @ (keys::STORE_FORMAT | keys::STORE_FORMAT_V2 | keys::STORE_FORMAT_V1)) => f,
+            Ok(
+                f @ (keys::STORE_FORMAT
+                | keys::STORE_FORMAT_V3
+                | keys::STORE_FORMAT_V2
+                | keys::STORE_FORMAT_V1),
+            ) => f,
             Ok(other) => return Err(o.format_error(other.to_string())),
             Err(e) => return Err(o.format_error(format!("unreadable ({e})"))),
         },
@@ -307,6 +315,24 @@ fn check_format(o: &Opening<'_>, files: &DbFiles, read_only: bool) -> Result<u64
         files::write_marker(o.dir).map_err(|e| o.io(e))?;
     }
     Ok(format)
+}
+
+/// Step 4½, for a dir of format 3 or older: its `c` keys move from the
+/// default tree to their own (format 4, see `overlay::Trees`). Copied,
+/// then deleted: a crash in between leaves the copies, and the next open
+/// (the format is still old) copies the same values again. `reapply` then
+/// writes format 4.
+fn move_counters(o: &Opening<'_>) -> Result<(), OpenError> {
+    let mut moved = Vec::new();
+    for item in o.tree.scan_prefix([COUNTER]) {
+        let (k, v) = item.map_err(|e| o.db(e))?;
+        o.trees.counters.insert(&k, v).map_err(|e| o.db(e))?;
+        moved.push(k);
+    }
+    for k in moved {
+        o.tree.remove(k).map_err(|e| o.db(e))?;
+    }
+    Ok(())
 }
 
 /// What [`reapply`] found.
@@ -352,7 +378,7 @@ fn reapply(
         let (k, v) = item.map_err(|e| o.db(e))?;
         match codec::decode::<CommitRecord>(&v) {
             Ok(rec) => {
-                overlay::apply_writes(tree, &rec.writes).map_err(|e| o.db(e))?;
+                o.trees.apply_writes(&rec.writes).map_err(|e| o.db(e))?;
                 next_id = rec.next_id;
                 next_seq = rec.events.last().map_or(1, |e| e.seq + 1);
             }
@@ -437,7 +463,7 @@ fn load_counts(
             Err(e) => corrupt.push(CorruptRecord::new(keys::META_COUNTED, e)),
         }
     }
-    for item in o.tree.scan_prefix([COUNTER]) {
+    for item in o.trees.counters.scan_prefix([COUNTER]) {
         let (k, v) = item.map_err(|e| o.db(e))?;
         let kind = String::from_utf8_lossy(&k[1..]).into_owned();
         match codec::decode::<KindCounts>(&v) {
@@ -486,14 +512,15 @@ impl Store {
             false => None,
         };
         let db = copy.as_ref().map_or(dir, |c| c.path()).join(files::DB);
-        let tree = open_sled(dir, &db, &opts)?;
+        let trees = open_sled(dir, &db, &opts)?;
         let failed = Arc::new(Failed::default());
         // sled panics on some damaged pages only when they are read: every
         // read of the open is under `panics::catch`.
         let loaded = panics::catch(|| {
             let o = Opening {
                 dir,
-                tree: &tree,
+                tree: &trees.main,
+                trees: &trees,
                 failed: &failed,
             };
             let files = match opts.read_only {
@@ -502,6 +529,9 @@ impl Store {
             };
             let files = Arc::new(files.map_err(|e| o.io(e))?);
             let format = check_format(&o, &files, opts.read_only)?;
+            if format < keys::STORE_FORMAT {
+                move_counters(&o)?;
+            }
             let mut corrupt = Vec::new();
             let replayed = reapply(&o, format, &mut corrupt)?;
             let order = load_order(&o, &mut corrupt)?;
@@ -515,11 +545,11 @@ impl Store {
             })
         })
         .map_err(|panic| {
-            failed.fail(&tree, &panic);
+            failed.fail(&trees.main, &panic);
             damaged(dir, panic)
         })??;
         let read_only = opts.read_only;
-        let mut store = Store::start(dir, opts, clock, lock, tree, failed, loaded)?;
+        let mut store = Store::start(dir, opts, clock, lock, trees, failed, loaded)?;
         store.read_copy = copy;
         if read_only {
             // Reading shows the data dir as it is: a task that was running
@@ -527,7 +557,7 @@ impl Store {
             return Ok(store);
         }
         let recovered = panics::catch(|| store.recover()).map_err(|panic| {
-            store.failed.fail(&store.tree, &panic);
+            store.failed.fail(&store.trees.main, &panic);
             damaged(dir, panic)
         })?;
         recovered.map_err(|source| OpenError::Recover {
@@ -547,7 +577,7 @@ impl Store {
         opts: Options,
         clock: SharedClock,
         lock: Option<DirLock>,
-        tree: sled::Db,
+        trees: Trees,
         failed: Arc<Failed>,
         loaded: Loaded,
     ) -> Result<Store, OpenError> {
@@ -563,12 +593,12 @@ impl Store {
             corrupt,
         } = loaded;
         let overlay = Arc::new(Overlay::new(replayed.last_record));
-        let applier = overlay.spawn(tree.clone(), failed.clone()).map_err(io)?;
+        let applier = overlay.spawn(trees.clone(), failed.clone()).map_err(io)?;
         let commit = Arc::new(GroupCommit::default());
         let flusher = match opts.durability {
             Durability::Batched { interval } if !opts.read_only => Some(
                 super::db::spawn_flusher(
-                    tree.clone(),
+                    trees.main.clone(),
                     files.clone(),
                     failed.clone(),
                     commit.clone(),
@@ -579,7 +609,7 @@ impl Store {
             _ => None,
         };
         Ok(Store {
-            tree,
+            trees,
             dir: dir.to_path_buf(),
             inner: Mutex::new(Inner {
                 order,
@@ -613,7 +643,7 @@ impl Store {
     fn recover(&mut self) -> Result<(), WriteError> {
         let mut interrupted = Vec::new();
         let mut corrupt = Vec::new();
-        for item in self.tree.scan_prefix([TASK]) {
+        for item in self.trees.main.scan_prefix([TASK]) {
             let (k, v) = item?;
             match codec::decode::<Task>(&v) {
                 Ok(t) if t.status == Status::Running => {

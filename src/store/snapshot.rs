@@ -75,7 +75,7 @@ impl Store {
             Bound::Included(keys::id_key(EVENT, s0)),
             Bound::Excluded(keys::id_key(EVENT, s1)),
         );
-        for item in self.tree.range(range) {
+        for item in self.trees.main.range(range) {
             let (k, v) = item.map_err(|e| CorruptRecord::new(&[EVENT], e))?;
             let rec: CommitRecord = codec::decode(&v).map_err(|e| CorruptRecord::new(&k, e))?;
             for w in rec.writes {
@@ -104,7 +104,7 @@ impl Store {
     /// times (each record is decoded to read them).
     pub fn log_records(&self) -> Result<Vec<LogRecord>, CorruptRecord> {
         let mut out = Vec::new();
-        for item in self.tree.scan_prefix([EVENT]) {
+        for item in self.trees.main.scan_prefix([EVENT]) {
             let (k, v) = item.map_err(|e| CorruptRecord::new(&[EVENT], e))?;
             let rec: CommitRecord = codec::decode(&v).map_err(|e| CorruptRecord::new(&k, e))?;
             let (Some(first), Some(last)) = (rec.events.first(), rec.events.last()) else {
@@ -126,7 +126,8 @@ impl Store {
     pub fn log_bytes_upto(&self, upto: u64) -> Result<Vec<Vec<u8>>, CorruptRecord> {
         let mut out = Vec::new();
         for item in self
-            .tree
+            .trees
+            .main
             .range(keys::id_key(EVENT, 0)..=keys::id_key(EVENT, upto))
         {
             let (k, v) = item.map_err(|e| CorruptRecord::new(&[EVENT], e))?;
@@ -148,7 +149,8 @@ impl Store {
     pub fn cut_log(&self, upto: u64) -> Result<usize, crate::store::WriteError> {
         use crate::store::WriteError;
         let mark = match self
-            .tree
+            .trees
+            .main
             .get(keys::META_APPLIED)
             .map_err(WriteError::Database)?
         {
@@ -157,7 +159,8 @@ impl Store {
             None => 0,
         };
         let last_key = self
-            .tree
+            .trees
+            .main
             .scan_prefix([EVENT])
             .next_back()
             .transpose()
@@ -166,7 +169,8 @@ impl Store {
         let mut batch = sled::Batch::default();
         let mut n = 0;
         for item in self
-            .tree
+            .trees
+            .main
             .range(keys::id_key(EVENT, 0)..=keys::id_key(EVENT, upto))
         {
             let (k, v) = item.map_err(WriteError::Database)?;
@@ -192,8 +196,8 @@ impl Store {
         if self.is_read_only() {
             return Err(WriteError::ReadOnly);
         }
-        if let Err(e) = self.tree.apply_batch(batch) {
-            self.failed.fail(&self.tree, &e);
+        if let Err(e) = self.trees.main.apply_batch(batch) {
+            self.failed.fail(&self.trees.main, &e);
             return Err(WriteError::Database(e));
         }
         self.flush_now().map_err(WriteError::Flush)?;
@@ -202,7 +206,7 @@ impl Store {
 
     /// The first event the store's log holds (1 until the log was cut).
     pub fn log_start(&self) -> Result<u64, CorruptRecord> {
-        match self.tree.get(keys::META_LOG_START) {
+        match self.trees.main.get(keys::META_LOG_START) {
             Err(e) => Err(CorruptRecord::new(keys::META_LOG_START, e)),
             Ok(None) => Ok(1),
             Ok(Some(v)) => {
