@@ -54,11 +54,18 @@ const NAME_LIST_MAX: usize = 400;
 /// `Parallel run for a, b, c`.
 fn parent_name<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
     let names: Vec<&str> = names.into_iter().collect();
+    let total = names.len();
+    counted_name(names.into_iter(), total)
+}
+
+/// [`parent_name`] of `total` names of which `names` yields the first (it
+/// reads only as many as the name shows).
+fn counted_name<'a>(names: impl Iterator<Item = &'a str>, total: usize) -> String {
     let mut list = String::new();
-    for (i, n) in names.iter().enumerate() {
+    for (i, n) in names.enumerate() {
         let sep = if i == 0 { "" } else { ", " };
         if list.len() + sep.len() + n.len() > NAME_LIST_MAX {
-            list.push_str(&format!(", … and {} more", names.len() - i));
+            list.push_str(&format!(", … and {} more", total - i));
             break;
         }
         list.push_str(sep);
@@ -106,10 +113,12 @@ pub fn parent_spec(children: &[TaskSpec]) -> TaskSpec {
 
 /// `Errors:` and one `- name: message` line per child whose last attempt
 /// failed; None when no child has a standing error.
-fn errors_message<'a>(failed: impl IntoIterator<Item = (&'a str, &'a str)>) -> Option<String> {
+fn errors_message<N: AsRef<str>, M: AsRef<str>>(
+    failed: impl IntoIterator<Item = (N, M)>,
+) -> Option<String> {
     let lines: Vec<String> = failed
         .into_iter()
-        .map(|(n, m)| format!("- {n}: {m}"))
+        .map(|(n, m)| format!("- {}: {}", n.as_ref(), m.as_ref()))
         .collect();
     (!lines.is_empty()).then(|| format!("Errors:\n{}", lines.join("\n")))
 }
@@ -173,58 +182,169 @@ pub struct GroupProgress {
 ///   group, whose parent is then cancelled too; a crash in the middle of
 ///   that can leave the group to end by these rules.)
 pub fn progress(parent: &Task, children: &[Child], child_failed: bool) -> GroupProgress {
-    let mut remaining: Vec<String> = Vec::new();
-    let mut all: Vec<&str> = Vec::new();
-    let mut errors: Vec<(&str, &str)> = Vec::new();
-    let mut dead = false;
-    for child in children {
-        let (name, live, status, failures, last_failure) = match child {
-            Child::Corrupt(id) => {
-                remaining.push(format!("<corrupt task {id}>"));
-                continue;
-            }
-            Child::Read {
-                name,
-                live,
-                status,
-                failures,
-                last_failure,
-            } => (name, *live, *status, *failures, last_failure),
-        };
-        all.push(name);
-        if live {
-            remaining.push(name.clone());
-        }
-        let standing_error = (live && failures > 0) || (!live && status == Status::Failed);
-        let cancelled = !live && status == Status::Cancelled;
-        // A child expires only with its parent, so a parent never sees one;
-        // if it did, the child ended without running, like a cancelled one.
-        let expired = !live && status == Status::Expired;
-        if cancelled {
-            errors.push((name, "cancelled"));
-        } else if expired {
-            errors.push((name, "expired"));
-        } else if standing_error && let Some(m) = last_failure {
-            errors.push((name, m));
-        }
-        dead |= !live && matches!(status, Status::Failed | Status::Cancelled | Status::Expired);
-    }
-    let failures = parent.failures + u32::from(child_failed);
-    let message = errors_message(errors);
-    let (name, message, finished) = if !remaining.is_empty() {
-        let name = parent_name(remaining.iter().map(String::as_str));
-        (name, message, None)
-    } else if dead {
-        (parent.name.clone(), message, Some(Status::Failed))
-    } else {
-        // Finished: the history shows the whole group again.
-        (parent_name(all), None, Some(Status::Succeeded))
-    };
-    GroupProgress {
-        name,
+    let view = GroupView::new(
+        children
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (i as u64, Some(c.clone())))
+            .collect(),
+    );
+    view.progress(parent.failures, &parent.name, child_failed)
+}
+
+/// A group's children as [`progress`] needs them, kept up to date one child
+/// at a time: a child's change costs O(log N) and the parent's progress
+/// O(the names it shows + the standing errors), not O(N) in the group's
+/// size N. (`store` keeps one per live group, see `WriteTxn::group_progress`.)
+#[derive(Debug, Clone, Default)]
+pub struct GroupView {
+    /// Each child by its place in the parent's order; None: it no longer exists.
+    children: Vec<Option<Child>>,
+    /// A child's place, by id.
+    place: std::collections::HashMap<u64, usize>,
+    /// The places of the children still live (or unreadable).
+    remaining: std::collections::BTreeSet<usize>,
+    /// The places of the children with an error line, and its message.
+    errors: std::collections::BTreeMap<usize, String>,
+    /// Children that ended failed, cancelled or expired.
+    dead: usize,
+    /// Children that exist.
+    present: usize,
+}
+
+/// What one child adds to its group's progress (see [`progress`]).
+struct Share {
+    remaining: bool,
+    error: Option<String>,
+    dead: bool,
+}
+
+fn share(child: &Child) -> Share {
+    let Child::Read {
+        live,
+        status,
         failures,
-        message,
-        finished,
+        last_failure,
+        ..
+    } = child
+    else {
+        return Share {
+            remaining: true,
+            error: None,
+            dead: false,
+        };
+    };
+    let live = *live;
+    let standing_error = (live && *failures > 0) || (!live && *status == Status::Failed);
+    // A child expires only with its parent, so a parent never sees one;
+    // if it did, the child ended without running, like a cancelled one.
+    let error = match status {
+        Status::Cancelled if !live => Some("cancelled".to_string()),
+        Status::Expired if !live => Some("expired".to_string()),
+        _ if standing_error => last_failure.clone(),
+        _ => None,
+    };
+    Share {
+        remaining: live,
+        error,
+        dead: !live && matches!(status, Status::Failed | Status::Cancelled | Status::Expired),
+    }
+}
+
+impl GroupView {
+    /// The view of children (id, state) in the parent's order.
+    pub fn new(children: Vec<(u64, Option<Child>)>) -> GroupView {
+        let mut view = GroupView {
+            children: vec![None; children.len()],
+            ..GroupView::default()
+        };
+        for (i, (id, child)) in children.into_iter().enumerate() {
+            view.place.insert(id, i);
+            view.put(i, child);
+        }
+        view
+    }
+
+    /// Whether `id` is one of the group's children.
+    pub fn has(&self, id: u64) -> bool {
+        self.place.contains_key(&id)
+    }
+
+    /// Child `id` is now `child` (None: it no longer exists). Ignored for
+    /// a task that is not one of the children.
+    pub fn set(&mut self, id: u64, child: Option<Child>) {
+        let Some(&i) = self.place.get(&id) else {
+            return;
+        };
+        if let Some(old) = self.children[i].take() {
+            let s = share(&old);
+            self.remaining.remove(&i);
+            self.errors.remove(&i);
+            self.dead -= usize::from(s.dead);
+            self.present -= 1;
+        }
+        self.put(i, child);
+    }
+
+    fn put(&mut self, i: usize, child: Option<Child>) {
+        if let Some(c) = &child {
+            let s = share(c);
+            if s.remaining {
+                self.remaining.insert(i);
+            }
+            if let Some(m) = s.error {
+                self.errors.insert(i, m);
+            }
+            self.dead += usize::from(s.dead);
+            self.present += 1;
+        }
+        self.children[i] = child;
+    }
+
+    fn name_at(&self, i: usize) -> std::borrow::Cow<'_, str> {
+        match &self.children[i] {
+            Some(Child::Read { name, .. }) => name.as_str().into(),
+            Some(Child::Corrupt(id)) => format!("<corrupt task {id}>").into(),
+            None => "".into(),
+        }
+    }
+
+    /// What the parent (with `failures` and `name`) becomes: the rules of
+    /// [`progress`].
+    pub fn progress(&self, failures: u32, name: &str, child_failed: bool) -> GroupProgress {
+        let failures = failures + u32::from(child_failed);
+        let message = errors_message(
+            self.errors
+                .iter()
+                .map(|(i, m)| (self.name_at(*i), m.as_str())),
+        );
+        let (name, message, finished) = if !self.remaining.is_empty() {
+            let names: Vec<_> = self
+                .remaining
+                .iter()
+                .take(NAME_LIST_MAX / 2 + 1)
+                .map(|i| self.name_at(*i))
+                .collect();
+            let name = counted_name(names.iter().map(|n| n.as_ref()), self.remaining.len());
+            (name, message, None)
+        } else if self.dead > 0 {
+            (name.to_string(), message, Some(Status::Failed))
+        } else {
+            // Finished: the history shows the whole group again.
+            let names: Vec<_> = (0..self.children.len())
+                .filter(|i| self.children[*i].is_some())
+                .take(NAME_LIST_MAX / 2 + 1)
+                .map(|i| self.name_at(i))
+                .collect();
+            let name = counted_name(names.iter().map(|n| n.as_ref()), self.present);
+            (name, None, Some(Status::Succeeded))
+        };
+        GroupProgress {
+            name,
+            failures,
+            message,
+            finished,
+        }
     }
 }
 
@@ -343,7 +463,7 @@ mod tests {
 
     #[test]
     fn errors_message_lists_failed_children() {
-        assert_eq!(errors_message([]), None);
+        assert_eq!(errors_message::<&str, &str>([]), None);
         assert_eq!(
             errors_message([("echo", "boom"), ("mcplay", "bang")]).unwrap(),
             "Errors:\n- echo: boom\n- mcplay: bang"
@@ -483,5 +603,60 @@ mod tests {
                 last_failure: Some("boom".into()),
             }
         );
+    }
+
+    /// A view changed one child at a time says what `progress` says of the
+    /// same children read whole, at every change (removed children, corrupt
+    /// ones, every status, long groups whose names are cut).
+    #[test]
+    fn a_view_kept_one_child_at_a_time_agrees_with_the_whole_rules() {
+        let statuses = [
+            Status::Queued,
+            Status::Running,
+            Status::Succeeded,
+            Status::Failed,
+            Status::Cancelled,
+            Status::Expired,
+        ];
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = |n: u64| {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (seed >> 33) % n
+        };
+        for size in [1usize, 3, 40, 300] {
+            let mut kids: Vec<Option<Child>> = (0..size)
+                .map(|i| Some(child(&format!("child-{i}"), true, Status::Queued, None)))
+                .collect();
+            let mut view = GroupView::new(
+                kids.iter()
+                    .enumerate()
+                    .map(|(i, c)| (100 + i as u64, c.clone()))
+                    .collect(),
+            );
+            let p = parent(1);
+            for _ in 0..4 * size {
+                let i = next(size as u64) as usize;
+                let new = match next(10) {
+                    0 => None,
+                    1 => Some(Child::Corrupt(100 + i as u64)),
+                    _ => Some(Child::Read {
+                        name: format!("child-{i}"),
+                        live: next(2) == 0,
+                        status: statuses[next(6) as usize],
+                        failures: next(3) as u32,
+                        last_failure: (next(2) == 0).then(|| format!("err {i}")),
+                    }),
+                };
+                kids[i] = new.clone();
+                view.set(100 + i as u64, new);
+                let whole: Vec<Child> = kids.iter().flatten().cloned().collect();
+                let failed = next(2) == 0;
+                assert_eq!(
+                    view.progress(p.failures, &p.name, failed),
+                    progress(&p, &whole, failed)
+                );
+            }
+            assert!(!view.has(99) && view.has(100));
+        }
     }
 }

@@ -10,7 +10,6 @@ use crate::budget::Budget;
 use crate::engine::handler::{FollowUpAt, Outcome, REPEAT_INTERVAL, RunResult};
 use crate::engine::live::Captured;
 use crate::engine::scheduler::{Completion, LOG_TARGET, Scheduler, StepEnv};
-use crate::groups::{self, Child};
 use crate::store::{AttemptLog, AttemptOutcome, OutputTail, Placement, WriteError, WriteTxn};
 use crate::task::{Status, Task};
 
@@ -169,9 +168,11 @@ impl Scheduler {
         if !w.exists(parent) || !w.is_live(parent)? {
             return Ok(());
         }
-        let p = w.task(parent)?.clone();
-        let children = read_children(w, &p)?;
-        let g = groups::progress(&p, &children, child_failed);
+        let (queue, kind) = {
+            let p = w.task(parent)?;
+            (p.queue.clone(), p.kind.clone())
+        };
+        let g = w.group_progress(parent, child_failed)?;
         w.update_group(parent, g.name, g.failures, g.message)?;
         let Some(status) = g.finished else {
             return Ok(());
@@ -179,8 +180,8 @@ impl Scheduler {
         if self.cancels.groups.remove(&parent) {
             // The group was cancelled: its last running child has returned.
             w.cancel_one(parent)?;
-            log::info!(target: LOG_TARGET, "group {} {} cancelled", p.id, p.kind);
-            self.group_finished(&p.queue, parent);
+            log::info!(target: LOG_TARGET, "group {parent} {kind} cancelled");
+            self.group_finished(&queue, parent);
             return Ok(());
         }
         w.to_history(parent, status)?;
@@ -189,8 +190,8 @@ impl Scheduler {
         } else {
             self.tally.succeeded += 1;
         }
-        log::info!(target: LOG_TARGET, "group {} {} finished", p.id, p.kind);
-        self.group_finished(&p.queue, parent);
+        log::info!(target: LOG_TARGET, "group {parent} {kind} finished");
+        self.group_finished(&queue, parent);
         Ok(())
     }
 }
@@ -278,28 +279,3 @@ fn outcome_word(result: &RunResult) -> String {
     }
 }
 
-/// A group parent's children as they stand in `w`, for [`groups::progress`]:
-/// a child that no longer exists is left out, an unreadable one is logged.
-fn read_children(w: &mut WriteTxn<'_>, parent: &Task) -> Result<Vec<Child>, WriteError> {
-    let mut children = Vec::with_capacity(parent.children.len());
-    for &child in &parent.children {
-        match w.task(child) {
-            Err(WriteError::NoSuchTask(_)) => continue,
-            Err(WriteError::Corrupt(c)) => {
-                // Never trusted as finished: the group waits, and says why.
-                log::error!(
-                    target: LOG_TARGET,
-                    "group {}: child {child} is unreadable: {c}",
-                    parent.id
-                );
-                children.push(Child::Corrupt(child));
-                continue;
-            }
-            Err(e) => return Err(e),
-            Ok(_) => {}
-        }
-        let live = w.is_live(child)?;
-        children.push(Child::read(w.task(child)?, live));
-    }
-    Ok(children)
-}

@@ -84,6 +84,8 @@ pub(crate) struct Inner {
     /// The TTL deadlines of the live tasks, once a daemon's engine asked
     /// for them (`track_deadlines`); kept up to date by every commit.
     pub deadlines: Option<Deadlines>,
+    /// The progress views of live groups (see `write/group_views.rs`).
+    pub groups: std::collections::HashMap<u64, crate::groups::GroupView>,
 }
 
 pub struct Store {

@@ -617,6 +617,7 @@ impl Store {
                 next_seq: replayed.next_seq,
                 counting,
                 deadlines: None,
+                groups: Default::default(),
             }),
             commit,
             clock,

@@ -31,6 +31,8 @@ use crate::store::keys::{self, HISTORY, TASK};
 use crate::store::order::{KeyOp, Placement, Undo};
 use crate::task::{Status, Task, check_name};
 
+mod group_views;
+
 /// Where a task's record lives (or lived when the transaction began).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Home {
@@ -81,6 +83,11 @@ pub struct WriteTxn<'s> {
     /// Tasks found due that cannot expire: their deadlines are dropped from
     /// the index at commit (see `deadlines`).
     stale_deadlines: Vec<u64>,
+    /// (group parent, child) for every event on a group's child (see
+    /// `group_views`).
+    group_touched: Vec<(u64, u64)>,
+    /// The groups whose views this transaction read whole.
+    groups_built: Vec<u64>,
 }
 
 /// What [`WriteTxn::cancel`] did, and what it waits for.
@@ -115,6 +122,8 @@ impl<'s> WriteTxn<'s> {
             attempt_writes: BTreeMap::new(),
             counts: BTreeMap::new(),
             stale_deadlines: Vec::new(),
+            group_touched: Vec::new(),
+            groups_built: Vec::new(),
         }
     }
 
@@ -231,15 +240,24 @@ impl<'s> WriteTxn<'s> {
         let seq = self.next_seq;
         let at = self.now;
         let id = kind.task_id();
-        let (task_kind, ticks) = match &kind {
-            EventKind::Enqueued { task, .. } => {
-                (task.kind.clone(), counters::ticks(task, at, &kind))
-            }
+        let (task_kind, ticks, parent) = match &kind {
+            EventKind::Enqueued { task, .. } => (
+                task.kind.clone(),
+                counters::ticks(task, at, &kind),
+                task.parent,
+            ),
             _ => {
                 let task = self.slot(id)?.task.as_ref().expect("present");
-                (task.kind.clone(), counters::ticks(task, at, &kind))
+                (
+                    task.kind.clone(),
+                    counters::ticks(task, at, &kind),
+                    task.parent,
+                )
             }
         };
+        if let Some(p) = parent {
+            self.group_touched.push((p, id));
+        }
         if !ticks.is_empty() {
             if !self.counts.contains_key(&task_kind) {
                 let c = self.inner().counting.counts.get(&task_kind).cloned();
@@ -806,6 +824,8 @@ impl<'s> WriteTxn<'s> {
     /// the durability mode says.
     pub fn commit(mut self) -> Result<Receipt, WriteError> {
         if self.events.is_empty() {
+            // Nothing changed: the views read whole are the committed state's.
+            self.groups_built.clear();
             let stale = std::mem::take(&mut self.stale_deadlines);
             if let Some(d) = self.inner().deadlines.as_mut() {
                 for id in stale {
@@ -853,6 +873,7 @@ impl<'s> WriteTxn<'s> {
         }
         let events = record.events.len();
         let ticket = self.store.append(first_seq, bytes, record.writes)?;
+        self.settle_groups(record.events.iter().map(|e| e.kind.task_id()));
         let receipt = Receipt {
             last_seq: self.next_seq - 1,
             events,
@@ -882,6 +903,7 @@ impl<'s> WriteTxn<'s> {
 
 impl Drop for WriteTxn<'_> {
     fn drop(&mut self) {
+        self.forget_groups();
         if let Some(inner) = self.inner.as_mut() {
             let undo = std::mem::take(&mut self.undo);
             inner.order.rollback(undo);
