@@ -169,7 +169,11 @@ pub fn run(want: &dyn Fn(&str) -> bool) {
         figure("enqueue_batch_1m_flatness", last / first, "x");
     }
     if want("data_dir_1m_mib") {
-        figure("data_dir_1m_mib", disk_bytes(dir.path()) as f64 / MIB, "MiB");
+        figure(
+            "data_dir_1m_mib",
+            disk_bytes(dir.path()) as f64 / MIB,
+            "MiB",
+        );
     }
     if want("open_1m_live_s") || want("open_1m_live_rss_mib") {
         let (secs, rss_kib) = open_child(dir.path(), n);
@@ -180,7 +184,10 @@ pub fn run(want: &dyn Fn(&str) -> bool) {
             figure("open_1m_live_rss_mib", rss_kib as f64 / 1024.0, "MiB");
         }
     }
-    if NAMES.iter().any(|f| f.starts_with("queue_list_1m") && want(f)) {
+    if NAMES
+        .iter()
+        .any(|f| f.starts_with("queue_list_1m") && want(f))
+    {
         let l = queue_list(dir.path(), n);
         if want("queue_list_1m_ms") {
             figure("queue_list_1m_ms", l.secs * 1000.0, "ms");
@@ -189,7 +196,11 @@ pub fn run(want: &dyn Fn(&str) -> bool) {
             figure("queue_list_1m_lines", l.lines as f64, "lines");
         }
         if want("queue_list_1m_stdout_mib") {
-            figure("queue_list_1m_stdout_mib", l.stdout_bytes as f64 / MIB, "MiB");
+            figure(
+                "queue_list_1m_stdout_mib",
+                l.stdout_bytes as f64 / MIB,
+                "MiB",
+            );
         }
         if want("queue_list_1m_rss_mib") {
             figure("queue_list_1m_rss_mib", l.rss_kib as f64 / 1024.0, "MiB");
@@ -227,7 +238,7 @@ fn build(dir: &Path, n: usize) -> Vec<f64> {
         times.push(start.elapsed().as_secs_f64());
         assert_eq!(ids.len(), BATCH);
         let done = (b + 1) * BATCH;
-        if done % 100_000 == 0 || done == n {
+        if done.is_multiple_of(100_000) || done == n {
             eprintln!(
                 "scale: {done}/{n} enqueued in {:.1} s (last batch {:.2} s)",
                 started.elapsed().as_secs_f64(),
@@ -273,7 +284,11 @@ fn open_child(dir: &Path, n: usize) -> (f64, i64) {
         String::from_utf8_lossy(&out.stderr)
     );
     let mut words = stdout.split_whitespace();
-    let mut next = || words.next().unwrap_or_else(|| panic!("open child: {stdout:?}"));
+    let mut next = || {
+        words
+            .next()
+            .unwrap_or_else(|| panic!("open child: {stdout:?}"))
+    };
     let secs: f64 = next().parse().expect("open child's seconds");
     let rss: i64 = next().parse().expect("open child's RSS");
     (secs, rss)
@@ -288,6 +303,8 @@ struct Listed {
 
 /// `berth --data-dir DIR queue list`, timed from spawn to exit, its stdout
 /// counted as it streams, its peak RSS from `wait4`.
+// The child is reaped by `wait4` (for its rusage), not by `Child::wait`.
+#[allow(clippy::zombie_processes)]
 fn queue_list(dir: &Path, n: usize) -> Listed {
     eprintln!("scale: berth queue list on {n} tasks");
     let start = Instant::now();
