@@ -119,6 +119,8 @@ pub fn child_main() {
         berth::clock::system(),
     )
     .expect("Store::open");
+    let opened = start.elapsed().as_secs_f64();
+    let opened_rss = max_rss_kib(libc::RUSAGE_SELF);
     let mut handlers = Handlers::new();
     handlers.register("Noop", |_ctx: &TaskContext| Outcome::success());
     let engine = Engine::new(
@@ -130,8 +132,17 @@ pub fn child_main() {
         },
     )
     .expect("Engine::new");
+    let built = start.elapsed().as_secs_f64();
     engine.store().track_deadlines();
     let elapsed = start.elapsed().as_secs_f64();
+    // Where the time and the memory went, for the parent's stderr.
+    eprintln!(
+        "scale: open child: Store::open {opened:.2} s (peak RSS {} MiB), \
+         Engine::new {:.2} s, track_deadlines {:.2} s",
+        opened_rss / 1024,
+        built - opened,
+        elapsed - built
+    );
     // Checked after the clock stops: the open must have found every task.
     assert_eq!(engine.store().queued_total(), n, "queued tasks after open");
     println!("{elapsed} {}", max_rss_kib(libc::RUSAGE_SELF));
@@ -283,6 +294,7 @@ fn open_child(dir: &Path, n: usize) -> (f64, i64) {
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
     let mut words = stdout.split_whitespace();
     let mut next = || {
         words
