@@ -1,6 +1,8 @@
 //! Engine throughput and latency: a same-weight group of sleeping tasks
-//! spread over the parallel queues, end-to-end no-op tasks in sync mode, and
-//! the CPU an idle engine burns.
+//! spread over the parallel queues, end-to-end no-op tasks in sync mode, a
+//! group of 10,000 no-op tasks against the same tasks as singles (whether a
+//! group's cost grows linearly with its size), and the CPU an idle engine
+//! burns.
 //!
 //! Run with `cargo bench --bench engine`. Every figure is one line:
 //! `bench: NAME VALUE UNIT`. No logger is installed, so the engine's
@@ -27,6 +29,8 @@ const QUEUES: usize = 10;
 /// Tasks in the end-to-end figure, and how many go in one `enqueue_batch`.
 const E2E_TASKS: usize = 100_000;
 const E2E_BATCH: usize = 10_000;
+/// No-op tasks in the big group figure and in its singles counterpart.
+const BIG_GROUP_TASKS: usize = 10_000;
 /// Wall time over which idle CPU is measured, after a short settle.
 const IDLE_RUN: Duration = Duration::from_secs(5);
 const IDLE_SETTLE: Duration = Duration::from_millis(500);
@@ -206,6 +210,82 @@ fn e2e_noop_sync() {
     );
 }
 
+fn noop_handlers() -> Handlers {
+    let mut h = Handlers::new();
+    h.register("Noop", |_ctx: &TaskContext| Outcome::success());
+    h
+}
+
+/// 10,000 no-op specs of one weight in `main`: one group, whose parent runs
+/// in `main` and whose children the engine spreads over the parallel queues.
+fn big_group_specs() -> Vec<TaskSpec> {
+    (0..BIG_GROUP_TASKS)
+        .map(|i| TaskSpec {
+            queue: "main".into(),
+            kind: "Noop".into(),
+            name: format!("g{i}"),
+            payload: json!({ "i": i }),
+            weight: Some(1),
+            ..Default::default()
+        })
+        .collect()
+}
+
+/// The same 10,000 no-op tasks as singles: round robin over
+/// `parallel_queue_0..9`, no weight (a spec without a weight never groups).
+fn singles_specs() -> Vec<TaskSpec> {
+    (0..BIG_GROUP_TASKS)
+        .map(|i| TaskSpec {
+            queue: berth::queues::parallel_queue(i % QUEUES),
+            kind: "Noop".into(),
+            name: format!("g{i}"),
+            payload: json!({ "i": i }),
+            ..Default::default()
+        })
+        .collect()
+}
+
+/// Enqueues `specs` in one `enqueue_batch` and runs to idle. Returns
+/// (enqueue seconds, run seconds); asserts that `expect_ids` ids came back
+/// and that `expect_succeeded` tasks succeeded, none failed, none is left.
+fn noop_batch_run(specs: Vec<TaskSpec>, expect_ids: usize, expect_succeeded: u64) -> (f64, f64) {
+    let dir = data_dir();
+    let store = open_store(dir.path());
+    let engine = engine(&store, noop_handlers());
+    let start = Instant::now();
+    let ids = engine.enqueue_batch(specs).expect("enqueue_batch");
+    let enqueue = start.elapsed().as_secs_f64();
+    assert_eq!(ids.len(), expect_ids);
+    let start = Instant::now();
+    let summary = engine.run_until_idle().expect("run_until_idle");
+    let run = start.elapsed().as_secs_f64();
+    assert_eq!(summary.tally.succeeded, expect_succeeded);
+    assert_eq!(summary.tally.failed_attempts, 0);
+    assert_eq!(summary.tally.dead_letters, 0);
+    assert_eq!(store.queued_total(), 0);
+    assert!(store.live_tasks().is_empty(), "every task moved to history");
+    (enqueue, run)
+}
+
+/// One group of 10,000 no-op children (one parent id; the children and the
+/// parent all succeed). Prints the enqueue and the run; returns the run.
+fn group_10000_noop() -> f64 {
+    let n = BIG_GROUP_TASKS;
+    let (enqueue, run) = noop_batch_run(big_group_specs(), 1, n as u64 + 1);
+    figure("group_10000_noop_enqueue_s", enqueue, "s");
+    figure("group_10000_noop_wall", run, "s");
+    run
+}
+
+/// The same 10,000 no-op tasks as singles over the 10 parallel queues.
+fn singles_10000_noop() -> f64 {
+    let n = BIG_GROUP_TASKS;
+    let (enqueue, run) = noop_batch_run(singles_specs(), n, n as u64);
+    figure("singles_10000_noop_enqueue_s", enqueue, "s");
+    figure("singles_10000_noop_wall", run, "s");
+    run
+}
+
 /// User + system CPU time of the whole process so far.
 fn process_cpu() -> Duration {
     // SAFETY: getrusage only writes the struct it is given.
@@ -255,6 +335,12 @@ fn main() {
     }
     if want("e2e_noop_sync") {
         e2e_noop_sync();
+    }
+    // The ratio prints when both sides ran (`-- 10000` selects both).
+    let group = want("group_10000_noop_wall").then(group_10000_noop);
+    let singles = want("singles_10000_noop_wall").then(singles_10000_noop);
+    if let (Some(g), Some(s)) = (group, singles) {
+        figure("group_vs_singles_10000", g / s, "x");
     }
     if want("idle_cpu") {
         figure("idle_cpu", idle_cpu(), "%");

@@ -1,8 +1,15 @@
 //! Store throughput: sync-mode enqueue against a bare sled insert+flush
-//! yardstick, group commit with many producers, and payload compression.
+//! yardstick, group commit with many producers, and payload compression;
+//! and (module `scale`) a data dir of a million queued tasks: batch enqueue,
+//! open, `queue list` and disk size.
 //!
 //! Run with `cargo bench --bench store`. Every figure is one line:
-//! `bench: NAME VALUE UNIT`. Each measurement runs for a fixed wall time.
+//! `bench: NAME VALUE UNIT`. Each throughput measurement runs for a fixed
+//! wall time; the scale figures take minutes (`cargo bench --bench store --
+//! _1m_` runs only them; see `scale` for `BERTH_BENCH_SCALE_N`).
+
+#[path = "store/scale.rs"]
+mod scale;
 
 use std::sync::Barrier;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -203,6 +210,8 @@ fn compress_1mib_json() -> f64 {
 }
 
 fn main() {
+    // Started by `scale` as its open child: do that and exit.
+    scale::child_main();
     // `cargo bench` passes `--bench`; a non-flag argument selects the
     // figures whose names contain it (ratios print when both sides ran).
     let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
@@ -260,5 +269,8 @@ fn main() {
                 figure(&format!("enqueue_sync_{n}_vs_1"), rate / one, "x");
             }
         }
+    }
+    if scale::NAMES.iter().any(|n| want(n)) {
+        scale::run(&want);
     }
 }

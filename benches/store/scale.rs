@@ -1,0 +1,366 @@
+//! A million queued tasks: what a batch enqueue, an open and `queue list`
+//! cost at that scale, and how much disk the tasks take.
+//!
+//! All the figures come from ONE data dir, built once under the system temp
+//! dir (set TMPDIR to measure another disk) and removed at the end:
+//! 1,000,000 queued no-op tasks (kind `Noop`, payload `{"i": i}`, name
+//! `task-{i}`), ALL in queue `main`, so that `queue list` shows one queue of
+//! a million tasks. They are enqueued with `berth::submit::enqueue_batch` in
+//! batches of 10,000 on a store opened with `Durability::Sync` and the
+//! power-safe default options; each batch is timed (building its specs is
+//! not). Then the store is closed and:
+//!
+//! - `enqueue_batch_1m_first_100k`, `enqueue_batch_1m_last_100k` (tasks/s):
+//!   the rate of the first and of the last 10 batches;
+//!   `enqueue_batch_1m_flatness` (x) is last / first (1 is flat);
+//! - `data_dir_1m_mib`: the data dir's size on disk (allocated blocks, as
+//!   `du` counts them), after the store is closed;
+//! - `open_1m_live_s`, `open_1m_live_rss_mib`: a fresh child process (this
+//!   bench binary, re-executed with `BERTH_BENCH_CHILD=open`) does what the
+//!   daemon does before it serves: `Store::open` as the daemon, with `Sync`
+//!   durability, then `Engine::new` (10 parallel queues, a no-op handler)
+//!   and `Store::track_deadlines`. The seconds are the child's own, from just
+//!   before the open to just after the deadlines; the MiB are its peak RSS
+//!   (`getrusage`'s `ru_maxrss`), so they are the open's alone;
+//! - `queue_list_1m_ms`: `berth --data-dir DIR queue list`, no daemon
+//!   running, from spawn to exit, stdout read through a pipe (a read-only
+//!   command copies `db/` privately first: that is part of what a user
+//!   pays). With it `queue_list_1m_lines`, `queue_list_1m_stdout_mib` and
+//!   `queue_list_1m_rss_mib` (the child's peak RSS, from `wait4`).
+//!
+//! `BERTH_BENCH_SCALE_N` (a multiple of 10,000; default 1,000,000) shrinks
+//! the data dir while developing; the figures keep their names, and the
+//! first and last windows become a tenth of the batches each when that is
+//! fewer than 10.
+
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Instant;
+
+use berth::engine::{Engine, EngineConfig, Handlers, Outcome, TaskContext};
+use berth::store::{Durability, Options, Role, Store};
+use berth::task::TaskSpec;
+use serde_json::json;
+
+use super::figure;
+
+/// Every figure of this module: the scale run starts when the filter
+/// selects any of them.
+pub const NAMES: [&str; 10] = [
+    "enqueue_batch_1m_first_100k",
+    "enqueue_batch_1m_last_100k",
+    "enqueue_batch_1m_flatness",
+    "data_dir_1m_mib",
+    "open_1m_live_s",
+    "open_1m_live_rss_mib",
+    "queue_list_1m_ms",
+    "queue_list_1m_lines",
+    "queue_list_1m_stdout_mib",
+    "queue_list_1m_rss_mib",
+];
+
+/// Tasks in the data dir, and per `enqueue_batch`.
+const TASKS: usize = 1_000_000;
+const BATCH: usize = 10_000;
+/// Batches in the first and in the last window of the flatness figure.
+const WINDOW_BATCHES: usize = 10;
+/// Parallel queues of the engine the open child builds.
+const QUEUES: usize = 10;
+
+/// The environment variables of the open child.
+const CHILD: &str = "BERTH_BENCH_CHILD";
+const CHILD_DIR: &str = "BERTH_BENCH_CHILD_DIR";
+const CHILD_TASKS: &str = "BERTH_BENCH_CHILD_TASKS";
+
+const MIB: f64 = (1 << 20) as f64;
+
+fn tasks() -> usize {
+    match std::env::var("BERTH_BENCH_SCALE_N") {
+        Ok(v) => {
+            let n: usize = v
+                .parse()
+                .unwrap_or_else(|e| panic!("BERTH_BENCH_SCALE_N={v:?}: {e}"));
+            assert!(
+                n >= BATCH && n.is_multiple_of(BATCH),
+                "BERTH_BENCH_SCALE_N={n}: must be a multiple of {BATCH}"
+            );
+            n
+        }
+        Err(_) => TASKS,
+    }
+}
+
+/// The child's side: when this process was started as the open child, does
+/// the open, prints `ELAPSED_S RSS_KIB` on stdout and exits.
+pub fn child_main() {
+    match std::env::var(CHILD).as_deref() {
+        Ok("open") => {}
+        Ok(other) => panic!("{CHILD}={other:?}: unknown child"),
+        Err(_) => return,
+    }
+    let dir = std::env::var(CHILD_DIR).expect(CHILD_DIR);
+    let n: usize = std::env::var(CHILD_TASKS)
+        .expect(CHILD_TASKS)
+        .parse()
+        .expect(CHILD_TASKS);
+    let start = Instant::now();
+    let store = Store::open(
+        Path::new(&dir),
+        Options {
+            durability: Durability::Sync,
+            role: Role::Daemon,
+            create: false,
+            ..Options::default()
+        },
+        berth::clock::system(),
+    )
+    .expect("Store::open");
+    let opened = start.elapsed().as_secs_f64();
+    let opened_rss = max_rss_kib(libc::RUSAGE_SELF);
+    let mut handlers = Handlers::new();
+    handlers.register("Noop", |_ctx: &TaskContext| Outcome::success());
+    let engine = Engine::new(
+        Arc::new(store),
+        handlers,
+        EngineConfig {
+            parallel_queues: QUEUES,
+            ..EngineConfig::default()
+        },
+    )
+    .expect("Engine::new");
+    let built = start.elapsed().as_secs_f64();
+    engine.store().track_deadlines();
+    let elapsed = start.elapsed().as_secs_f64();
+    // Where the time and the memory went, for the parent's stderr.
+    eprintln!(
+        "scale: open child: Store::open {opened:.2} s (peak RSS {} MiB), \
+         Engine::new {:.2} s, track_deadlines {:.2} s",
+        opened_rss / 1024,
+        built - opened,
+        elapsed - built
+    );
+    // Checked after the clock stops: the open must have found every task.
+    assert_eq!(engine.store().queued_total(), n, "queued tasks after open");
+    println!("{elapsed} {}", max_rss_kib(libc::RUSAGE_SELF));
+    std::process::exit(0);
+}
+
+/// Peak RSS in KiB (Linux's unit for `ru_maxrss`).
+fn max_rss_kib(who: libc::c_int) -> i64 {
+    // SAFETY: getrusage only writes the struct it is given.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        assert_eq!(libc::getrusage(who, &mut ru), 0, "getrusage");
+        ru
+    };
+    ru.ru_maxrss
+}
+
+/// Builds the data dir and prints the figures `want` selects.
+pub fn run(want: &dyn Fn(&str) -> bool) {
+    let n = tasks();
+    let dir = tempfile::tempdir().expect("creating a temp dir");
+    let batches = build(dir.path(), n);
+
+    let window = WINDOW_BATCHES.min(batches.len() / 10).max(1);
+    let rate = |b: &[f64]| (b.len() * BATCH) as f64 / b.iter().sum::<f64>();
+    let first = rate(&batches[..window]);
+    let last = rate(&batches[batches.len() - window..]);
+    if want("enqueue_batch_1m_first_100k") {
+        figure("enqueue_batch_1m_first_100k", first, "tasks/s");
+    }
+    if want("enqueue_batch_1m_last_100k") {
+        figure("enqueue_batch_1m_last_100k", last, "tasks/s");
+    }
+    if want("enqueue_batch_1m_flatness") {
+        figure("enqueue_batch_1m_flatness", last / first, "x");
+    }
+    if want("data_dir_1m_mib") {
+        figure(
+            "data_dir_1m_mib",
+            disk_bytes(dir.path()) as f64 / MIB,
+            "MiB",
+        );
+    }
+    if want("open_1m_live_s") || want("open_1m_live_rss_mib") {
+        let (secs, rss_kib) = open_child(dir.path(), n);
+        if want("open_1m_live_s") {
+            figure("open_1m_live_s", secs, "s");
+        }
+        if want("open_1m_live_rss_mib") {
+            figure("open_1m_live_rss_mib", rss_kib as f64 / 1024.0, "MiB");
+        }
+    }
+    if NAMES
+        .iter()
+        .any(|f| f.starts_with("queue_list_1m") && want(f))
+    {
+        let l = queue_list(dir.path(), n);
+        if want("queue_list_1m_ms") {
+            figure("queue_list_1m_ms", l.secs * 1000.0, "ms");
+        }
+        if want("queue_list_1m_lines") {
+            figure("queue_list_1m_lines", l.lines as f64, "lines");
+        }
+        if want("queue_list_1m_stdout_mib") {
+            figure(
+                "queue_list_1m_stdout_mib",
+                l.stdout_bytes as f64 / MIB,
+                "MiB",
+            );
+        }
+        if want("queue_list_1m_rss_mib") {
+            figure("queue_list_1m_rss_mib", l.rss_kib as f64 / 1024.0, "MiB");
+        }
+    }
+    eprintln!("scale: removing {}", dir.path().display());
+}
+
+/// Enqueues `n` tasks into `main` in batches of 10,000 and closes the
+/// store. Returns each batch's seconds.
+fn build(dir: &Path, n: usize) -> Vec<f64> {
+    let store = Store::open(
+        dir,
+        Options {
+            durability: Durability::Sync,
+            ..Options::default()
+        },
+        berth::clock::system(),
+    )
+    .expect("Store::open");
+    let mut times = Vec::with_capacity(n / BATCH);
+    let started = Instant::now();
+    for b in 0..n / BATCH {
+        let specs: Vec<TaskSpec> = (b * BATCH..(b + 1) * BATCH)
+            .map(|i| TaskSpec {
+                queue: "main".into(),
+                kind: "Noop".into(),
+                name: format!("task-{i}"),
+                payload: json!({ "i": i }),
+                ..Default::default()
+            })
+            .collect();
+        let start = Instant::now();
+        let ids = berth::submit::enqueue_batch(&store, specs).expect("enqueue_batch");
+        times.push(start.elapsed().as_secs_f64());
+        assert_eq!(ids.len(), BATCH);
+        let done = (b + 1) * BATCH;
+        if done.is_multiple_of(100_000) || done == n {
+            eprintln!(
+                "scale: {done}/{n} enqueued in {:.1} s (last batch {:.2} s)",
+                started.elapsed().as_secs_f64(),
+                times[b]
+            );
+        }
+    }
+    assert_eq!(store.queued_total(), n);
+    drop(store);
+    times
+}
+
+/// Bytes allocated on disk under `dir`.
+fn disk_bytes(dir: &Path) -> u64 {
+    let mut total = 0;
+    for e in std::fs::read_dir(dir).expect("read_dir") {
+        let e = e.expect("read_dir entry");
+        let m = e.metadata().expect("metadata");
+        total += m.blocks() * 512;
+        if m.is_dir() {
+            total += disk_bytes(&e.path());
+        }
+    }
+    total
+}
+
+/// Runs the open child; returns its seconds and its peak RSS in KiB.
+fn open_child(dir: &Path, n: usize) -> (f64, i64) {
+    eprintln!("scale: opening {n} tasks in a child process");
+    let exe = std::env::current_exe().expect("current_exe");
+    let out = Command::new(exe)
+        .env(CHILD, "open")
+        .env(CHILD_DIR, dir)
+        .env(CHILD_TASKS, n.to_string())
+        .stdin(Stdio::null())
+        .output()
+        .expect("running the open child");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the open child failed ({}): {stdout}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    let mut words = stdout.split_whitespace();
+    let mut next = || {
+        words
+            .next()
+            .unwrap_or_else(|| panic!("open child: {stdout:?}"))
+    };
+    let secs: f64 = next().parse().expect("open child's seconds");
+    let rss: i64 = next().parse().expect("open child's RSS");
+    (secs, rss)
+}
+
+struct Listed {
+    secs: f64,
+    lines: usize,
+    stdout_bytes: usize,
+    rss_kib: i64,
+}
+
+/// `berth --data-dir DIR queue list`, timed from spawn to exit, its stdout
+/// counted as it streams, its peak RSS from `wait4`.
+// The child is reaped by `wait4` (for its rusage), not by `Child::wait`.
+#[allow(clippy::zombie_processes)]
+fn queue_list(dir: &Path, n: usize) -> Listed {
+    eprintln!("scale: berth queue list on {n} tasks");
+    let start = Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .arg("--data-dir")
+        .arg(dir)
+        .args(["queue", "list"])
+        .env_remove("BERTH_CONFIG")
+        .env_remove("BERTH_DATA_DIR")
+        .env_remove("BERTH_NOW")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawning berth queue list");
+    let mut stdout = child.stdout.take().expect("piped stdout");
+    let (mut lines, mut bytes) = (0, 0);
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let k = stdout.read(&mut buf).expect("reading queue list's stdout");
+        if k == 0 {
+            break;
+        }
+        bytes += k;
+        lines += buf[..k].iter().filter(|&&c| c == b'\n').count();
+    }
+    let mut status = 0;
+    // SAFETY: wait4 only writes the status and the struct it is given; the
+    // child is ours and not yet reaped (std's `Child` is not waited on).
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        let pid = libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut ru);
+        assert_eq!(pid, child.id() as libc::pid_t, "wait4");
+        ru
+    };
+    let secs = start.elapsed().as_secs_f64();
+    let status = std::process::ExitStatus::from_raw(status);
+    assert!(status.success(), "berth queue list failed: {status}");
+    // How many lines a million tasks deserve is `queue list`'s business (it
+    // may summarize); it must at least print something.
+    assert!(lines > 0, "queue list printed nothing for {n} tasks");
+    Listed {
+        secs,
+        lines,
+        stdout_bytes: bytes,
+        rss_kib: ru.ru_maxrss,
+    }
+}
