@@ -620,7 +620,9 @@ mod tests {
         ];
         let mut seed = 0x9E37_79B9_7F4A_7C15u64;
         let mut next = |n: u64| {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             (seed >> 33) % n
         };
         for size in [1usize, 3, 40, 300] {

@@ -23,8 +23,10 @@ use crate::units::{format_age, format_time};
 pub struct QueueView {
     pub name: String,
     pub status: String,
-    /// The tasks, head first.
+    /// The tasks, head first (the first ones only when the list was limited).
     pub tasks: Vec<QueueTask>,
+    /// How many tasks the queue holds.
+    pub length: usize,
 }
 
 /// One task in a queue, as `queue list` shows it.
@@ -75,12 +77,14 @@ impl QueueTask {
 pub fn snapshot(
     store: &Store,
     parallel_queues: usize,
+    limit: usize,
     status: &dyn Fn(&str) -> String,
 ) -> Vec<QueueView> {
     let names = store.queues().into_iter().map(|(q, _)| q);
     views(
         parallel_queues,
         names,
+        limit,
         &|q| store.queue_ids(q),
         &|id| store.live_task(id),
         status,
@@ -95,6 +99,7 @@ pub fn model_views(model: &crate::store::verify::Model, parallel_queues: usize) 
     views(
         parallel_queues,
         model.queues.keys().cloned(),
+        usize::MAX,
         &|q| model.queues.get(q).cloned().unwrap_or_default(),
         &|id| Ok(model.live.get(&id).cloned()),
         &|_| String::new(),
@@ -107,6 +112,7 @@ pub fn model_views(model: &crate::store::verify::Model, parallel_queues: usize) 
 fn views(
     parallel_queues: usize,
     nonempty: impl Iterator<Item = String>,
+    limit: usize,
     ids: &dyn Fn(&str) -> Vec<u64>,
     task: &dyn Fn(u64) -> Result<Option<Task>, crate::store::ReadError>,
     status: &dyn Fn(&str) -> String,
@@ -122,14 +128,17 @@ fn views(
     names
         .into_iter()
         .map(|name| {
-            let tasks = ids(&name)
-                .into_iter()
-                .map(|id| QueueTask::of(id, task(id)))
+            let ids = ids(&name);
+            let tasks = ids
+                .iter()
+                .take(limit)
+                .map(|id| QueueTask::of(*id, task(*id)))
                 .collect();
             QueueView {
                 status: status(&name),
                 name,
                 tasks,
+                length: ids.len(),
             }
         })
         .collect()
@@ -144,6 +153,7 @@ pub fn empty_views(parallel_queues: usize) -> Vec<QueueView> {
             name,
             status: String::new(),
             tasks: Vec::new(),
+            length: 0,
         })
         .collect()
 }
@@ -153,7 +163,7 @@ pub fn views_to_json(views: &[QueueView]) -> Value {
     json!(
         views
             .iter()
-            .map(|v| json!({"name": v.name, "status": v.status, "tasks": v.tasks}))
+            .map(|v| json!({"name": v.name, "status": v.status, "tasks": v.tasks, "length": v.length}))
             .collect::<Vec<_>>()
     )
 }
@@ -167,11 +177,20 @@ pub fn views_from_json(v: &Value) -> Result<Vec<QueueView>, String> {
                     .map(str::to_string)
                     .ok_or(format!("queue list: missing {k}"))
             };
+            let tasks: Vec<QueueTask> = serde_json::from_value(q["tasks"].clone())
+                .map_err(|e| format!("queue list: tasks: {e}"))?;
+            let length = match &q["length"] {
+                Value::Null => tasks.len(),
+                n => n.as_u64().ok_or("queue list: length is not a count")? as usize,
+            };
+            if length < tasks.len() {
+                return Err("queue list: length is less than the tasks listed".into());
+            }
             Ok(QueueView {
                 name: s("name")?,
                 status: s("status")?,
-                tasks: serde_json::from_value(q["tasks"].clone())
-                    .map_err(|e| format!("queue list: tasks: {e}"))?,
+                tasks,
+                length,
             })
         })
         .collect()
@@ -197,14 +216,14 @@ fn summarize(queues: &[QueueView]) -> Summary {
     let main = queues
         .iter()
         .find(|q| q.name == MAIN)
-        .map_or(0, |q| q.tasks.len());
+        .map_or(0, |q| q.length);
     let others: Vec<_> = queues.iter().filter(|q| q.name != MAIN).collect();
     Summary {
         main,
         others: others.len(),
-        active: others.iter().filter(|q| !q.tasks.is_empty()).count(),
-        empty: others.iter().filter(|q| q.tasks.is_empty()).count(),
-        other_tasks: others.iter().map(|q| q.tasks.len()).sum(),
+        active: others.iter().filter(|q| q.length > 0).count(),
+        empty: others.iter().filter(|q| q.length == 0).count(),
+        other_tasks: others.iter().map(|q| q.length).sum(),
     }
 }
 
@@ -212,19 +231,23 @@ fn summarize(queues: &[QueueView]) -> Summary {
 pub fn render_text(queues: &[QueueView], show_empty: bool) -> String {
     let mut out = String::new();
     for q in queues {
-        if q.tasks.is_empty() && !show_empty {
+        if q.length == 0 && !show_empty {
             continue;
         }
         out.push_str(&format!(
             "Queue '{}': length {}, status: '{}'\n\n",
-            q.name,
-            q.tasks.len(),
-            q.status
+            q.name, q.length, q.status
         ));
         for (i, t) in q.tasks.iter().enumerate() {
             out.push_str(&format!("{:2}. {}\n", i + 1, t.description));
         }
-        if !q.tasks.is_empty() {
+        if q.length > q.tasks.len() {
+            out.push_str(&format!(
+                "... and {} more (queue list --all lists them)\n",
+                q.length - q.tasks.len()
+            ));
+        }
+        if q.length > 0 {
             out.push('\n');
         }
     }
@@ -260,9 +283,9 @@ pub fn render_text(queues: &[QueueView], show_empty: bool) -> String {
 /// The JSON form: `{"active": [...], "empty": [...], "summary": {...}}`.
 pub fn render_json(queues: &[QueueView]) -> serde_json::Value {
     let view = |q: &QueueView| {
-        json!({
+        let mut v = json!({
             "name": q.name,
-            "tasksCount": q.tasks.len(),
+            "tasksCount": q.length,
             "status": q.status,
             "tasks": q.tasks.iter().enumerate()
                 .map(|(i, t)| json!({
@@ -276,12 +299,17 @@ pub fn render_json(queues: &[QueueView]) -> serde_json::Value {
                     "failures": t.failures,
                 }))
                 .collect::<Vec<_>>(),
-        })
+        });
+        // Only a limited list says how many it lists (see `queue list --all`).
+        if q.tasks.len() < q.length {
+            v["tasksListed"] = json!(q.tasks.len());
+        }
+        v
     };
     let s = summarize(queues);
     json!({
-        "active": queues.iter().filter(|q| !q.tasks.is_empty()).map(view).collect::<Vec<_>>(),
-        "empty": queues.iter().filter(|q| q.tasks.is_empty()).map(view).collect::<Vec<_>>(),
+        "active": queues.iter().filter(|q| q.length > 0).map(view).collect::<Vec<_>>(),
+        "empty": queues.iter().filter(|q| q.length == 0).map(view).collect::<Vec<_>>(),
         "summary": {
             "mainQueueTasks": s.main,
             "otherQueues": {"active": s.active, "empty": s.empty, "tasks": s.other_tasks},
@@ -688,7 +716,36 @@ mod tests {
                     failures: 0,
                 })
                 .collect(),
+            length: tasks.len(),
         }
+    }
+
+    /// A queue listed in part says how long it is, how many it leaves out,
+    /// and the summary counts every task; JSON says how many it lists.
+    #[test]
+    fn a_limited_list_counts_what_it_leaves_out() {
+        let mut big = q("main", "", &["A:main:a", "B:main:b"]);
+        big.length = 1_000_002;
+        let text = render_text(&[big.clone()], false);
+        assert!(text.starts_with("Queue 'main': length 1000002, status: ''\n\n 1. A:main:a\n 2. B:main:b\n... and 1000000 more (queue list --all lists them)\n\n"), "{text}");
+        assert!(text.contains("- 'main' queue: 1000002 tasks."), "{text}");
+        let j = render_json(&[big.clone()]);
+        assert_eq!(j["active"][0]["tasksCount"], 1_000_002);
+        assert_eq!(j["active"][0]["tasksListed"], 2);
+        assert_eq!(j["summary"]["totalTasks"], 1_000_002);
+        // The wire form keeps the length; a whole list has no tasksListed.
+        let back = views_from_json(&views_to_json(&[big.clone()])).unwrap();
+        assert_eq!(back[0].length, 1_000_002);
+        let whole = q("main", "", &["A:main:a"]);
+        assert!(
+            render_json(&[whole])["active"][0]
+                .get("tasksListed")
+                .is_none()
+        );
+        // A wire form that lists more than its length is refused.
+        let mut bad = views_to_json(&[big]);
+        bad[0]["length"] = serde_json::json!(1);
+        assert!(views_from_json(&bad).is_err());
     }
 
     #[test]

@@ -315,3 +315,38 @@ fn queue_list_watch_redraws_until_interrupted() {
     let bad = berth(&d, &["queue", "list", "--watch", "--interval", "1ms"]);
     assert_eq!(bad.status.code(), Some(2));
 }
+
+/// `queue list` lists the first 1,000 tasks of a queue and says how many
+/// more it holds (text and JSON, with the whole length and summary);
+/// `--all` lists every one.
+#[test]
+fn queue_list_lists_the_first_thousand_tasks_unless_asked_for_all() {
+    let dir = tempdir();
+    let d = dir.path().join("data");
+    let f = dir.path().join("batch.json");
+    let entries: Vec<_> = (0..1003)
+        .map(|i| serde_json::json!({"queue": "main", "kind": "K", "name": format!("t{i}")}))
+        .collect();
+    std::fs::write(&f, serde_json::to_string(&entries).unwrap()).unwrap();
+    let o = berth(&d, &["enqueue", "--batch", f.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = berth(&d, &["queue", "list"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(text.starts_with("Queue 'main': length 1003,"), "{text}");
+    assert!(
+        text.contains("\n1000. K:main:t999\n... and 3 more (queue list --all lists them)\n"),
+        "{text}"
+    );
+    assert!(!text.contains("t1000"), "{text}");
+    assert!(text.contains("- total 1003 tasks to handle."), "{text}");
+    let o = berth(&d, &["queue", "list", "--all"]);
+    let all = stdout(&o);
+    assert!(all.contains("\n1003. K:main:t1002\n"), "{all}");
+    assert!(!all.contains("more (queue list --all"), "{all}");
+    let o = berth(&d, &["queue", "list", "-o", "json"]);
+    let j: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(j["active"][0]["tasksCount"], 1003);
+    assert_eq!(j["active"][0]["tasksListed"], 1000);
+    assert_eq!(j["active"][0]["tasks"].as_array().map(Vec::len), Some(1000));
+}

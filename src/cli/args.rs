@@ -208,6 +208,10 @@ pub enum QueueCommand {
         /// Also show queues with no tasks.
         #[arg(long)]
         show_empty: bool,
+        /// List every task of every queue (by default a queue lists its
+        /// first 1,000 and says how many more it holds).
+        #[arg(long)]
+        all: bool,
         /// Redraw the list until interrupted.
         #[arg(long)]
         watch: bool,

@@ -28,13 +28,15 @@ pub fn run(cli: Cli, data_dir_given: bool) -> Result<(), CliError> {
         Command::Queue(QueueCommand::List {
             output,
             show_empty,
+            all,
             watch,
             interval,
         }) => {
+            let shown = Shown { show_empty, all };
             if watch {
-                return watch_queues(s, output, show_empty, interval);
+                return watch_queues(s, output, shown, interval);
             }
-            out(&queue_list(s, output, show_empty)?)
+            out(&queue_list(s, output, shown)?)
         }
         Command::Task(TaskCommand::Show { id, output }) => task_show(s, id, output),
         Command::Task(TaskCommand::Remove { id, history }) => task_remove(s, id, history),
@@ -137,9 +139,16 @@ fn flag_of(field: &str) -> String {
     }
 }
 
-fn queue_list(s: &Session, output: Format, show_empty: bool) -> Result<String, CliError> {
-    let v = s.run(Request::QueueList {})?;
-    render_queues(&v, output, show_empty)
+/// What `queue list` shows: queues with no tasks too, every task.
+#[derive(Debug, Clone, Copy)]
+struct Shown {
+    show_empty: bool,
+    all: bool,
+}
+
+fn queue_list(s: &Session, output: Format, shown: Shown) -> Result<String, CliError> {
+    let v = s.run(Request::QueueList { all: shown.all })?;
+    render_queues(&v, output, shown.show_empty)
 }
 
 /// `queue list`'s output of its wire form (also `replay`'s).
@@ -170,13 +179,13 @@ pub(super) fn time_flag(flag: &str, t: Option<&str>, now: u64) -> Result<Option<
 fn watch_queues(
     s: &Session,
     output: Format,
-    show_empty: bool,
+    shown: Shown,
     interval: std::time::Duration,
 ) -> Result<(), CliError> {
     use std::io::IsTerminal;
     let tty = std::io::stdout().is_terminal();
     loop {
-        let frame = queue_list(s, output, show_empty).unwrap_or_else(|e| format!("berth: {e}\n"));
+        let frame = queue_list(s, output, shown).unwrap_or_else(|e| format!("berth: {e}\n"));
         let text = match (tty, output) {
             (true, _) => format!("\x1b[H\x1b[2J{frame}"),
             (false, Format::Text) => format!("# {}\n{frame}\n", units::format_time(now_ms())),

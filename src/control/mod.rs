@@ -150,6 +150,7 @@ mod tests {
             r#"{"op":"task_cancel","id":1}"#.to_string(),
             r#"{"op":"task_list","filter":{"targets":["edge-2"]}}"#.to_string(),
             r#"{"op":"metrics"}"#.to_string(),
+            r#"{"op":"queue_list","all":true}"#.to_string(),
             r#"{"op":"export","path":"/tmp/x.bex","queues":["main"],"statuses":["queued"],"history":true}"#
                 .to_string(),
             r#"{"op":"import","path":"/tmp/x.bex","label":"standard input"}"#.to_string(),
@@ -167,7 +168,7 @@ mod tests {
             }
         }
         assert_eq!(
-            serde_json::to_string(&Request::QueueList {})
+            serde_json::to_string(&Request::QueueList { all: false })
                 .ok()
                 .as_deref(),
             Some(r#"{"op":"queue_list"}"#)

@@ -793,14 +793,23 @@ mod tests {
             assert_eq!(read_line(&c), None, "and closed");
             // The client asks again until its time is up, then returns the busy error.
             let dir = sock.parent().expect("the data dir");
-            let r =
-                call(dir, &Request::QueueList {}, Duration::from_millis(300)).expect("an answer");
+            let r = call(
+                dir,
+                &Request::QueueList { all: false },
+                Duration::from_millis(300),
+            )
+            .expect("an answer");
             assert_eq!(r.error.map(|e| e.code), Some(CODE_BUSY));
             // Once a finishes its request, a slot is free again.
             a.write_all(b"\"queue_list\"}\n").expect("send");
             assert!(read_line(&a).is_some_and(|l| l.starts_with("{\"result\":[")));
             drop(a);
-            let r = call(dir, &Request::QueueList {}, Duration::from_secs(10)).expect("an answer");
+            let r = call(
+                dir,
+                &Request::QueueList { all: false },
+                Duration::from_secs(10),
+            )
+            .expect("an answer");
             assert!(r.error.is_none(), "{r:?}");
         });
     }
@@ -918,7 +927,7 @@ mod tests {
     #[test]
     fn call_tells_no_daemon_from_one_that_does_not_answer() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let req = Request::QueueList {};
+        let req = Request::QueueList { all: false };
         // No socket file.
         assert!(matches!(
             call(dir.path(), &req, Duration::from_secs(5)),

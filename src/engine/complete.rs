@@ -278,4 +278,3 @@ fn outcome_word(result: &RunResult) -> String {
         RunResult::Keep => "keep".into(),
     }
 }
-

@@ -306,11 +306,16 @@ impl Engine {
         self.live.get(id)
     }
 
-    /// The queue set with live statuses.
+    /// The queue set with live statuses, every task listed.
     pub fn queue_views(&self) -> Vec<QueueView> {
+        self.queue_views_limited(usize::MAX)
+    }
+
+    /// The queue set with live statuses, each queue listing at most `limit` tasks.
+    pub fn queue_views_limited(&self, limit: usize) -> Vec<QueueView> {
         let now = self.store.clock().now_ms();
         let view = self.view.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        report::snapshot(&self.store, self.config.parallel_queues, &|q| {
+        report::snapshot(&self.store, self.config.parallel_queues, limit, &|q| {
             if self.store.queue_len(q) == 0 {
                 return String::new();
             }

@@ -223,7 +223,12 @@ pub enum Request {
     /// A struct variant, not a unit one: serde's `deny_unknown_fields`
     /// does not reach unit variants of an internally tagged enum, so
     /// `{"op":"queue_list","bogus":1}` would be accepted.
-    QueueList {},
+    QueueList {
+        /// Every task (else each queue lists its first
+        /// [`tasks::QUEUE_LIST_LIMIT`]).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        all: bool,
+    },
     TaskShow {
         id: u64,
     },
@@ -323,7 +328,7 @@ impl Request {
             Request::TaskRemove { .. } | Request::TaskRetry { .. } | Request::TaskCancel { .. } => {
                 Access::Write
             }
-            Request::QueueList {}
+            Request::QueueList { .. }
             | Request::TaskShow { .. }
             | Request::TaskList { .. }
             | Request::TaskLog { .. }
@@ -357,7 +362,9 @@ pub fn execute(ctx: &Ctx<'_>, req: Request) -> Result<Value, OpError> {
             before,
         } => enqueue(ctx, *spec, placement(first, after, before)).map(|id| json!([id])),
         Request::EnqueueBatch { tasks } => enqueue_batch(ctx, tasks).map(|ids| json!(ids)),
-        Request::QueueList {} => queue_list(ctx).map(|views| report::views_to_json(&views)),
+        Request::QueueList { all } => {
+            queue_list(ctx, all).map(|views| report::views_to_json(&views))
+        }
         Request::TaskShow { id } => task_show(ctx, id),
         Request::TaskRemove { id, history } => task_remove(ctx, id, history).map(|ids| json!(ids)),
         Request::TaskRetry { id } => task_retry(ctx, id).map(|()| json!([id])),

@@ -41,11 +41,17 @@ pub fn enqueue_batch(ctx: &Ctx<'_>, specs: Vec<TaskSpec>) -> Result<Vec<u64>, Op
 
 /// Every queue, with live statuses when a daemon runs. A data dir lists the
 /// parallel queues of the daemon that last ran on it.
-pub fn queue_list(ctx: &Ctx<'_>) -> Result<Vec<QueueView>, OpError> {
+/// How many tasks of each queue `queue list` lists unless asked for all:
+/// enough for an operator to read, and a queue of a million tasks is then
+/// listed as fast as a short one.
+pub const QUEUE_LIST_LIMIT: usize = 1000;
+
+pub fn queue_list(ctx: &Ctx<'_>, all: bool) -> Result<Vec<QueueView>, OpError> {
+    let limit = if all { usize::MAX } else { QUEUE_LIST_LIMIT };
     Ok(match (ctx.engine, ctx.store) {
-        (Some(engine), _) => engine.queue_views(),
+        (Some(engine), _) => engine.queue_views_limited(limit),
         (None, Some(store)) => {
-            report::snapshot(store, store.parallel_queues()?, &|_| String::new())
+            report::snapshot(store, store.parallel_queues()?, limit, &|_| String::new())
         }
         (None, None) => report::empty_views(crate::queues::DEFAULT_PARALLEL_QUEUES),
     })

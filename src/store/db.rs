@@ -81,8 +81,9 @@ pub(crate) struct Inner {
     pub next_seq: u64,
     /// Every kind's counters as of the last commit (see `counters`).
     pub counting: Counting,
-    /// The TTL deadlines of the live tasks, once a daemon's engine asked
-    /// for them (`track_deadlines`); kept up to date by every commit.
+    /// The TTL deadlines of the live tasks: built by a writable open's
+    /// pass over them (`recover`), or when asked (`track_deadlines`); kept
+    /// up to date by every commit.
     pub deadlines: Option<Deadlines>,
     /// The progress views of live groups (see `write/group_views.rs`).
     pub groups: std::collections::HashMap<u64, crate::groups::GroupView>,
@@ -541,14 +542,17 @@ impl Store {
     /// starts; commands never do. Returns how many tasks may expire.
     pub fn track_deadlines(&self) -> usize {
         let mut inner = self.lock_inner();
-        let mut tasks = Vec::new();
+        if let Some(d) = &inner.deadlines {
+            // Built by the open's pass over the live tasks (`recover`).
+            return d.len();
+        }
+        let mut d = Deadlines::default();
         for t in self.live_tasks() {
             match t {
-                Ok(t) => tasks.push(t),
+                Ok(t) => d.add(&t),
                 Err(c) => log::error!("a live task cannot be read, so it cannot expire: {c}"),
             }
         }
-        let d = Deadlines::of_tasks(&tasks);
         let n = d.len();
         inner.deadlines = Some(d);
         n

@@ -4,9 +4,10 @@
 //! the next deadline comes (so it neither scans every queued task in every
 //! step nor sleeps past a deadline).
 //!
-//! It is built from the live tasks when a daemon's engine starts
-//! (`Store::track_deadlines`); commands that open the data dir never build
-//! it (they expire nothing). Once built, every commit keeps it up to date
+//! It is built from the live tasks by the same pass over them that a
+//! writable open makes to find interrupted tasks (`Store::recover`), so a
+//! daemon's start reads them once; a read-only open builds it only when
+//! asked (`Store::track_deadlines`). Once built, every commit keeps it up to date
 //! from its events (`note`): a new task with a TTL comes in; a start, a
 //! move to the history or a removal takes a task out. An entry may outlive
 //! the task's chance to expire (a group parent whose group started): the

@@ -28,6 +28,7 @@ use crate::codec;
 use crate::store::attempts::AttemptLog;
 use crate::store::counters::{Counting, KindCounts};
 use crate::store::db::{Inner, Options, Store};
+use crate::store::deadlines::Deadlines;
 use crate::store::durability::{Durability, GroupCommit};
 use crate::store::error::{CorruptRecord, OpenError, WriteError};
 use crate::store::event::{CommitRecord, INTERRUPTED};
@@ -644,16 +645,19 @@ impl Store {
     fn recover(&mut self) -> Result<(), WriteError> {
         let mut interrupted = Vec::new();
         let mut corrupt = Vec::new();
+        // The same one pass over the live tasks builds the TTL deadlines.
+        let mut deadlines = Deadlines::default();
         for item in self.trees.main.scan_prefix([TASK]) {
             let (k, v) = item?;
             match codec::decode::<Task>(&v) {
                 Ok(t) if t.status == Status::Running => {
                     interrupted.push((t.id, t.attempts, t.started_at))
                 }
-                Ok(_) => {}
+                Ok(t) => deadlines.add(&t),
                 Err(e) => corrupt.push(CorruptRecord::new(&k, e)),
             }
         }
+        self.lock_inner().deadlines = Some(deadlines);
         self.corrupt.extend(corrupt);
         if interrupted.is_empty() {
             return Ok(());

@@ -212,7 +212,7 @@ pub fn control(data: &[u8]) {
                         "{shown}"
                     );
                 }
-                Ok(Request::QueueList {}) => {
+                Ok(Request::QueueList { .. }) => {
                     assert!(r.result.is_array(), "queue_list: {shown}")
                 }
                 Ok(_) => {}
