@@ -8,6 +8,10 @@
 //! `bench: NAME VALUE UNIT`. No logger is installed, so the engine's
 //! per-task `log::info!` calls cost next to nothing.
 
+/// The allocator the `berth` binary uses, tuned as it is (`berth::alloc`).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -322,6 +326,7 @@ fn idle_cpu() -> f64 {
 }
 
 fn main() {
+    berth::alloc::tune();
     // `cargo bench` passes `--bench`; a non-flag argument selects the
     // figures whose names contain it.
     let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));

@@ -13,6 +13,10 @@ mod disk;
 #[path = "log/replay.rs"]
 mod replay;
 
+/// The allocator the `berth` binary uses, tuned as it is (`berth::alloc`).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::Path;
 use std::time::Instant;
 
@@ -156,6 +160,7 @@ fn archive_ratios(want: &dyn Fn(&str) -> bool) {
 }
 
 fn main() {
+    berth::alloc::tune();
     // `cargo bench` passes `--bench`; a non-flag argument selects the
     // figures whose names contain it.
     let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));

@@ -11,6 +11,10 @@
 #[path = "store/scale.rs"]
 mod scale;
 
+/// The allocator the `berth` binary uses, tuned as it is (`berth::alloc`).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::sync::Barrier;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -210,6 +214,7 @@ fn compress_1mib_json() -> f64 {
 }
 
 fn main() {
+    berth::alloc::tune();
     // Started by `scale` as its open child: do that and exit.
     scale::child_main();
     // `cargo bench` passes `--bench`; a non-flag argument selects the

@@ -3,6 +3,7 @@
 //! Data flows one way: the CLI and daemon call the engine, the engine calls
 //! the store, the store frames records with the codec. See ARCHITECTURE.md.
 
+pub mod alloc;
 pub mod archive;
 pub mod attempt_view;
 pub mod backoff;

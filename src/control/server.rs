@@ -458,15 +458,44 @@ fn poll_in(fd: RawFd, timeout: Duration) -> bool {
 }
 
 /// The bytes of a connection's unfinished request line, counted against
-/// the server's `request_budget` while they are held.
+/// the server's `request_budget` while they are held. They are kept as the
+/// pieces read (each allocated to its size), not in one growing buffer:
+/// a buffer that doubles holds up to twice what it counts, and an
+/// allocator that moves it when it grows holds both copies for a moment.
 struct Partial<'a> {
     shared: &'a Shared,
-    bytes: Vec<u8>,
-    /// How many of `bytes` are counted in the budget.
+    pieces: Vec<Vec<u8>>,
+    /// The bytes in `pieces`.
+    len: usize,
+    /// How many of them are counted in the budget.
     counted: usize,
 }
 
 impl Partial<'_> {
+    fn new(shared: &Shared) -> Partial<'_> {
+        Partial {
+            shared,
+            pieces: Vec::new(),
+            len: 0,
+            counted: 0,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The whole line, ending with `tail`; the pieces are freed as they
+    /// are copied, so the line is held about once.
+    fn take_with(&mut self, tail: &[u8]) -> Vec<u8> {
+        let mut whole = Vec::with_capacity(self.len + tail.len());
+        for piece in self.pieces.drain(..) {
+            whole.extend_from_slice(&piece);
+        }
+        whole.extend_from_slice(tail);
+        whole
+    }
+
     /// Adds `more`, if the budget has room for it.
     fn try_extend(&mut self, more: &[u8]) -> bool {
         let budget = self.shared.limits.request_budget;
@@ -479,7 +508,8 @@ impl Partial<'_> {
         if taken.is_err() {
             return false;
         }
-        self.bytes.extend_from_slice(more);
+        self.pieces.push(more.to_vec());
+        self.len += more.len();
         self.counted += more.len();
         true
     }
@@ -490,7 +520,8 @@ impl Partial<'_> {
             .buffered
             .fetch_sub(self.counted, Ordering::SeqCst);
         self.counted = 0;
-        self.bytes = Vec::new();
+        self.len = 0;
+        self.pieces = Vec::new();
     }
 }
 
@@ -518,17 +549,13 @@ fn serve_connection(shared: &Shared, id: u64, stream: &UnixStream, engine: &Engi
     let _ = stream.set_read_timeout(Some(TICK));
     let mut reader = stream;
     let mut buf = vec![0u8; READ_CHUNK];
-    let mut line = Partial {
-        shared,
-        bytes: Vec::new(),
-        counted: 0,
-    };
+    let mut line = Partial::new(shared);
     let mut deadline = Instant::now() + limits.idle_timeout;
     let mut idle = true;
     loop {
         if Instant::now() >= deadline {
             // Idle, or a request that trickles in too slowly.
-            if !line.bytes.is_empty() {
+            if !line.is_empty() {
                 let late = Response::err(
                     CODE_INPUT,
                     format!(
@@ -572,7 +599,7 @@ fn serve_connection(shared: &Shared, id: u64, stream: &UnixStream, engine: &Engi
             Taken::Answered => deadline = Instant::now() + limits.idle_timeout,
             Taken::Partial => {}
         }
-        if line.bytes.is_empty() {
+        if line.is_empty() {
             shared.set_idle(id, true);
             idle = true;
         }
@@ -602,18 +629,18 @@ fn take_lines(
     while let Some(pos) = chunk.iter().position(|b| *b == b'\n') {
         let head = &chunk[..pos];
         chunk = &chunk[pos + 1..];
-        if line.bytes.len() + head.len() > limits.max_request {
+        if line.len + head.len() > limits.max_request {
             // The rest of the line is garbage: answer and drop the connection.
             let _ = send(stream, &too_long(limits), limits.write_timeout);
             return Taken::Close;
         }
-        let response = if line.bytes.is_empty() {
+        let response = if line.is_empty() {
             respond(engine, head)
         } else {
             // The last piece of a line (at most READ_CHUNK bytes) is not
             // counted: the line is finished.
-            line.bytes.extend_from_slice(head);
-            let r = respond(engine, &line.bytes);
+            let whole = line.take_with(head);
+            let r = respond(engine, &whole);
             line.clear();
             r
         };
@@ -631,7 +658,7 @@ fn take_lines(
     if chunk.is_empty() {
         return taken;
     }
-    if line.bytes.len() + chunk.len() > limits.max_request {
+    if line.len + chunk.len() > limits.max_request {
         let _ = send(stream, &too_long(limits), limits.write_timeout);
         return Taken::Close;
     }

@@ -176,6 +176,14 @@ struct Inbox {
 /// under `MAX_RECORD_BYTES` however many attempts end at once).
 const STEP_LOG_BYTES: usize = 16 << 20;
 
+/// What a step hands out once its commit is durable: the jobs it started
+/// and the answers to cancel requests (see [`Engine::launch`]).
+struct Launch<'s> {
+    published: crate::store::Published<'s>,
+    jobs: Vec<pool::Job>,
+    answers: Vec<cancel::Answer>,
+}
+
 /// How long a cancel waits for a running handler to return.
 const CANCEL_WAIT: Duration = Duration::from_secs(20);
 
@@ -389,7 +397,7 @@ impl Engine {
         sched: &mut Scheduler,
         inbox: Inbox,
         dispatch: bool,
-    ) -> Result<usize, WriteError> {
+    ) -> Result<(usize, Launch<'_>), WriteError> {
         let env = self.env();
         let mut progress = inbox.done.len() + inbox.cancels.len();
         let mut done = inbox.done.into_iter().peekable();
@@ -422,15 +430,44 @@ impl Engine {
                 Vec::new()
             };
             answers.extend(sched.answered_cancels(&mut w));
-            w.commit()?;
-            for (reply, answer) in answers {
-                let _ = reply.send(answer);
-            }
+            let published = w.publish()?;
             progress += jobs.len();
-            for j in jobs {
-                self.pool.submit(j);
+            return Ok((
+                progress,
+                Launch {
+                    published,
+                    jobs,
+                    answers,
+                },
+            ));
+        }
+    }
+
+    /// The launcher's side of a step (on its own thread, in step order):
+    /// once the step's commit is durable, its cancel requests are answered
+    /// and its jobs go to the pool, so no handler runs before its start is
+    /// durable. Meanwhile the loop stages the next step: its commit joins
+    /// the next flush (pipelining). If the commit cannot be made durable the
+    /// store has failed: nothing starts, and the loop ends with the failure.
+    fn launch(&self, l: Launch<'_>) {
+        match l.published.wait() {
+            Ok(()) => {
+                for (reply, answer) in l.answers {
+                    let _ = reply.send(answer);
+                }
+                for j in l.jobs {
+                    self.pool.submit(j);
+                }
             }
-            return Ok(progress);
+            Err(e) => {
+                log::error!(
+                    "a step's commit did not reach the disk ({e}); its {} task(s) do not start",
+                    l.jobs.len()
+                );
+                for (reply, _) in l.answers {
+                    let _ = reply.send(Err(WriteError::Failed(e.to_string())));
+                }
+            }
         }
     }
 
@@ -465,6 +502,30 @@ impl Engine {
 
     fn loop_steps(&self, until_idle: bool) -> Result<RunSummary, WriteError> {
         let mut sched = self.sched.lock().unwrap_or_else(|p| p.into_inner());
+        std::thread::scope(|scope| {
+            let (launches, to_launch) = crossbeam_channel::unbounded::<Launch<'_>>();
+            let launcher = std::thread::Builder::new()
+                .name("berth-launcher".into())
+                .spawn_scoped(scope, move || {
+                    for l in to_launch {
+                        self.launch(l);
+                    }
+                })
+                .map_err(|e| WriteError::Failed(format!("starting the launcher thread: {e}")))?;
+            let r = self.steps(&mut sched, until_idle, &launches);
+            drop(launches);
+            // Every launch already sent is handed out before the loop ends.
+            let _ = launcher.join();
+            r
+        })
+    }
+
+    fn steps<'a>(
+        &'a self,
+        sched: &mut Scheduler,
+        until_idle: bool,
+        launches: &Sender<Launch<'a>>,
+    ) -> Result<RunSummary, WriteError> {
         let mut inbox = Inbox::default();
         let mut grace_end: Option<Instant> = None;
         let mut stuck = 0;
@@ -493,8 +554,11 @@ impl Engine {
                 grace_end = Some(Instant::now() + self.config.grace);
             }
             let dispatch = !stopping && paused.is_none();
-            let progress = self.step(&mut sched, std::mem::take(&mut inbox), dispatch)?;
-            self.publish(&sched, stopping, paused.clone());
+            let (progress, launch) = self.step(sched, std::mem::take(&mut inbox), dispatch)?;
+            if launches.send(launch).is_err() {
+                return Err(WriteError::Failed("the launcher thread ended".into()));
+            }
+            self.publish(sched, stopping, paused.clone());
             if stopping && sched.in_flight() == 0 {
                 break;
             }
@@ -526,7 +590,7 @@ impl Engine {
                 stuck = queued;
                 break;
             }
-            if !self.wait(&sched, stopping, wake, grace_end, &mut inbox) {
+            if !self.wait(sched, stopping, wake, grace_end, &mut inbox) {
                 break;
             }
         }

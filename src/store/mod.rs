@@ -31,4 +31,4 @@ pub use lock::Role;
 pub use order::Placement;
 pub use panics::catch as catch_panic;
 pub use snapshot::{LogRecord, Snapshot};
-pub use write::{Cancellation, WriteTxn};
+pub use write::{Cancellation, Published, WriteTxn};

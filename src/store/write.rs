@@ -822,7 +822,20 @@ impl<'s> WriteTxn<'s> {
 
     /// Writes the transaction (atomically, see the module doc) and waits as
     /// the durability mode says.
-    pub fn commit(mut self) -> Result<Receipt, WriteError> {
+    pub fn commit(self) -> Result<Receipt, WriteError> {
+        let published = self.publish()?;
+        published.wait()?;
+        Ok(published.receipt)
+    }
+
+    /// Writes the transaction (atomically, see the module doc) without
+    /// waiting for the disk: its changes are visible to every later read
+    /// and transaction at once, and [`Published::wait`] returns once they
+    /// are durable as the mode says. Nothing may act on the commit as
+    /// acknowledged before then (the engine hands out the jobs it started
+    /// only after the wait, and stages its next step meanwhile).
+    pub fn publish(mut self) -> Result<Published<'s>, WriteError> {
+        let store = self.store;
         if self.events.is_empty() {
             // Nothing changed: the views read whole are the committed state's.
             self.groups_built.clear();
@@ -832,9 +845,13 @@ impl<'s> WriteTxn<'s> {
                     d.forget(id);
                 }
             }
-            return Ok(Receipt {
-                last_seq: 0,
-                events: 0,
+            return Ok(Published {
+                store,
+                ticket: None,
+                receipt: Receipt {
+                    last_seq: 0,
+                    events: 0,
+                },
             });
         }
         if let Some(why) = self.store.failure() {
@@ -896,8 +913,30 @@ impl<'s> WriteTxn<'s> {
         }
         self.undo.clear();
         self.inner = None; // release the write lock before waiting for the disk
-        self.store.wait_durable(ticket)?;
-        Ok(receipt)
+        Ok(Published {
+            store,
+            ticket: Some(ticket),
+            receipt,
+        })
+    }
+}
+
+/// A transaction written but perhaps not yet durable (see [`WriteTxn::publish`]).
+#[must_use = "a published commit is acknowledged only once `wait` returns"]
+pub struct Published<'s> {
+    store: &'s Store,
+    /// The group-commit ticket (None: nothing was written).
+    ticket: Option<u64>,
+    pub receipt: Receipt,
+}
+
+impl Published<'_> {
+    /// Returns once the commit is durable as the store's mode says.
+    pub fn wait(&self) -> Result<(), WriteError> {
+        match self.ticket {
+            Some(t) => self.store.wait_durable(t),
+            None => Ok(()),
+        }
     }
 }
 
