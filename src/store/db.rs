@@ -41,7 +41,10 @@ pub struct Options {
     pub wait_for_lock: Duration,
     /// Create the data dir if it does not exist.
     pub create: bool,
-    /// sled's page cache size.
+    /// sled's page cache size. sled holds several times this much in
+    /// practice: opening 1,000,000 queued tasks peaked at 600 MiB with 64
+    /// MiB and 409 MiB with the default 16 MiB, no slower (and the engine's
+    /// throughput was the same).
     pub cache_bytes: u64,
     /// fsync sled's files after every flush (see `files`), so that what
     /// `sync` acknowledges survives a power cut. `false` keeps only sled's
@@ -67,7 +70,7 @@ impl Default for Options {
             role: Role::Command,
             wait_for_lock: Duration::from_secs(5),
             create: true,
-            cache_bytes: 64 << 20,
+            cache_bytes: 16 << 20,
             power_safe: true,
             read_only: false,
             disk_reserve: health::DEFAULT_RESERVE,

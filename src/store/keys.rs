@@ -136,6 +136,11 @@ pub fn queue_key(queue: &str, pos: i64) -> Vec<u8> {
 
 /// Splits a queue key into queue name and position.
 pub fn parse_queue_key(key: &[u8]) -> Option<(String, i64)> {
+    parse_queue_key_ref(key).map(|(name, pos)| (name.to_string(), pos))
+}
+
+/// [`parse_queue_key`] without copying the name.
+pub fn parse_queue_key_ref(key: &[u8]) -> Option<(&str, i64)> {
     if key.len() < 11 || key[0] != QUEUE || key[key.len() - 9] != 0 {
         return None;
     }
@@ -143,7 +148,7 @@ pub fn parse_queue_key(key: &[u8]) -> Option<(String, i64)> {
     let mut b = [0u8; 8];
     b.copy_from_slice(&key[key.len() - 8..]);
     let pos = (u64::from_be_bytes(b) ^ (1 << 63)) as i64;
-    Some((name.to_string(), pos))
+    Some((name, pos))
 }
 
 pub fn key_display(key: &[u8]) -> String {

@@ -420,7 +420,7 @@ fn load_order(o: &Opening<'_>, corrupt: &mut Vec<CorruptRecord>) -> Result<Order
     let mut order = Order::default();
     for item in o.tree.scan_prefix([QUEUE]) {
         let (k, v) = item.map_err(|e| o.db(e))?;
-        let parsed = keys::parse_queue_key(&k)
+        let parsed = keys::parse_queue_key_ref(&k)
             .ok_or_else(|| "malformed queue key".to_string())
             .and_then(|(q, pos)| {
                 codec::decode::<u64>(&v)

@@ -8,6 +8,7 @@
 //! leaves the index as it was.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use bincode::{Decode, Encode};
 
@@ -58,23 +59,42 @@ pub enum OrderError {
     AlreadyQueued(u64),
 }
 
+/// A queue's name, shared by every entry of that queue (a million tasks
+/// in one queue hold one copy of its name, not a million).
+type Name = Arc<str>;
+
 #[derive(Debug, Default)]
 pub struct Order {
-    queues: BTreeMap<String, BTreeMap<i64, u64>>,
-    at: HashMap<u64, (String, i64)>,
+    queues: BTreeMap<Name, BTreeMap<i64, u64>>,
+    at: HashMap<u64, (Name, i64)>,
 }
 
 impl Order {
+    /// The shared name of `queue` (its map is created if missing).
+    fn name(&mut self, queue: &str) -> Name {
+        if let Some((k, _)) = self.queues.get_key_value(queue) {
+            return k.clone();
+        }
+        let k: Name = Arc::from(queue);
+        self.queues.insert(k.clone(), BTreeMap::new());
+        k
+    }
+
+    /// Puts `id` at `pos` in `queue` (both maps).
+    fn put(&mut self, queue: &str, pos: i64, id: u64) {
+        let name = self.name(queue);
+        if let Some(q) = self.queues.get_mut(queue) {
+            q.insert(pos, id);
+        }
+        self.at.insert(id, (name, pos));
+    }
+
     /// Loads one entry read from disk. Returns false if the id was already placed.
-    pub fn load(&mut self, queue: String, pos: i64, id: u64) -> bool {
+    pub fn load(&mut self, queue: &str, pos: i64, id: u64) -> bool {
         if self.at.contains_key(&id) {
             return false;
         }
-        self.queues
-            .entry(queue.clone())
-            .or_default()
-            .insert(pos, id);
-        self.at.insert(id, (queue, pos));
+        self.put(queue, pos, id);
         true
     }
 
@@ -99,13 +119,13 @@ impl Order {
         self.queues
             .iter()
             .filter(|(_, q)| !q.is_empty())
-            .map(|(n, q)| (n.clone(), q.len()))
+            .map(|(n, q)| (n.to_string(), q.len()))
             .collect()
     }
 
     /// The queue a task is in.
     pub fn queue_of(&self, id: u64) -> Option<&str> {
-        self.at.get(&id).map(|(q, _)| q.as_str())
+        self.at.get(&id).map(|(q, _)| &**q)
     }
 
     pub fn total(&self) -> usize {
@@ -117,7 +137,7 @@ impl Order {
     pub fn next_after(&self, id: u64) -> Option<u64> {
         use std::ops::Bound::{Excluded, Unbounded};
         let (queue, pos) = self.at.get(&id)?;
-        let q = self.queues.get(queue)?;
+        let q = self.queues.get(&**queue)?;
         q.range((Excluded(*pos), Unbounded))
             .next()
             .map(|(_, id)| *id)
@@ -143,11 +163,7 @@ impl Order {
                     .expect("a renumbered queue has room everywhere")
             }
         };
-        self.queues
-            .entry(queue.to_string())
-            .or_default()
-            .insert(pos, id);
-        self.at.insert(id, (queue.to_string(), pos));
+        self.put(queue, pos, id);
         ops.push(KeyOp::Put {
             queue: queue.to_string(),
             pos,
@@ -164,10 +180,11 @@ impl Order {
         ops: &mut Vec<KeyOp>,
         undo: &mut Vec<Undo>,
     ) -> Option<String> {
-        let (queue, pos) = self.at.remove(&id)?;
-        if let Some(q) = self.queues.get_mut(&queue) {
+        let (name, pos) = self.at.remove(&id)?;
+        if let Some(q) = self.queues.get_mut(&name) {
             q.remove(&pos);
         }
+        let queue = name.to_string();
         ops.push(KeyOp::Del {
             queue: queue.clone(),
             pos,
@@ -191,18 +208,13 @@ impl Order {
                         m.remove(&pos);
                     }
                 }
-                Undo::Unplaced { id, queue, pos } => {
-                    self.queues
-                        .entry(queue.clone())
-                        .or_default()
-                        .insert(pos, id);
-                    self.at.insert(id, (queue, pos));
-                }
+                Undo::Unplaced { id, queue, pos } => self.put(&queue, pos, id),
                 Undo::Renumbered { queue, old } => {
+                    let name = self.name(&queue);
                     for (pos, id) in &old {
-                        self.at.insert(*id, (queue.clone(), *pos));
+                        self.at.insert(*id, (name.clone(), *pos));
                     }
-                    self.queues.insert(queue, old);
+                    self.queues.insert(name, old);
                 }
             }
         }
@@ -216,11 +228,11 @@ impl Order {
         let anchor = |id: u64| -> Result<i64, OrderError> {
             match self.at.get(&id) {
                 None => Err(OrderError::NotQueued(id)),
-                Some((aq, pos)) if aq == queue => Ok(*pos),
+                Some((aq, pos)) if &**aq == queue => Ok(*pos),
                 Some((aq, _)) => Err(OrderError::OtherQueue {
                     anchor: id,
                     queue: queue.to_string(),
-                    actual: aq.clone(),
+                    actual: aq.to_string(),
                 }),
             }
         };
@@ -253,6 +265,7 @@ impl Order {
     }
 
     fn renumber(&mut self, queue: &str, ops: &mut Vec<KeyOp>, undo: &mut Vec<Undo>) {
+        let name = self.name(queue);
         let old = self.queues.remove(queue).unwrap_or_default();
         let n = old.len() as i64;
         let mut fresh = BTreeMap::new();
@@ -265,14 +278,14 @@ impl Order {
         for (i, id) in old.values().enumerate() {
             let pos = (i as i64 - n / 2) * GAP;
             fresh.insert(pos, *id);
-            self.at.insert(*id, (queue.to_string(), pos));
+            self.at.insert(*id, (name.clone(), pos));
             ops.push(KeyOp::Put {
                 queue: queue.to_string(),
                 pos,
                 id: *id,
             });
         }
-        self.queues.insert(queue.to_string(), fresh);
+        self.queues.insert(name, fresh);
         undo.push(Undo::Renumbered {
             queue: queue.to_string(),
             old,
