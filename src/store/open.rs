@@ -11,8 +11,10 @@
 //!    an older format's counters moved to their tree ([`move_counters`]).
 //! 5. [`reapply`]: every commit record after the applied mark, in order;
 //!    `next_id` and `next_seq` from the last one.
-//! 6. [`load_order`]: the queue order index from the `q` keys; and
-//!    [`load_counts`]: the counters from the `c` keys.
+//! 6. [`load_order`]: the queue order index from the `q` keys, beside
+//!    (to write) [`scan_live`]: one pass over the live tasks for the ones
+//!    that were running and the TTL deadlines; and [`load_counts`]: the
+//!    counters from the `c` keys.
 //! 7. `Store::open` starts the applier (and the batched flusher), then
 //!    [`Store::recover`]s tasks that were running.
 //!
@@ -484,6 +486,36 @@ struct Loaded {
     order: Order,
     counting: Counting,
     corrupt: Vec<CorruptRecord>,
+    /// The live tasks' pass, for a writable open.
+    live: Option<LiveScan>,
+}
+
+/// What one pass over the live tasks found: the tasks that were running
+/// (id, attempt, start), the TTL deadlines, the records it could not read.
+struct LiveScan {
+    interrupted: Vec<(u64, u32, Option<u64>)>,
+    deadlines: Deadlines,
+    corrupt: Vec<CorruptRecord>,
+}
+
+/// Step 6, beside `load_order` (writable opens): every live task once.
+fn scan_live(tree: &sled::Db) -> Result<LiveScan, sled::Error> {
+    let mut scan = LiveScan {
+        interrupted: Vec::new(),
+        deadlines: Deadlines::default(),
+        corrupt: Vec::new(),
+    };
+    for item in tree.scan_prefix([TASK]) {
+        let (k, v) = item?;
+        match codec::decode::<Task>(&v) {
+            Ok(t) if t.status == Status::Running => {
+                scan.interrupted.push((t.id, t.attempts, t.started_at))
+            }
+            Ok(t) => scan.deadlines.add(&t),
+            Err(e) => scan.corrupt.push(CorruptRecord::new(&k, e)),
+        }
+    }
+    Ok(scan)
 }
 
 /// An `OpenError` for a panic of sled's while it read the database.
@@ -535,7 +567,17 @@ impl Store {
             }
             let mut corrupt = Vec::new();
             let replayed = reapply(&o, format, &mut corrupt)?;
-            let order = load_order(&o, &mut corrupt)?;
+            // The queue keys and (to write) the live tasks are read side by
+            // side: two passes over different key ranges.
+            let (order, live) = std::thread::scope(|scope| {
+                let tree = o.tree;
+                let live = (!opts.read_only).then(|| scope.spawn(move || scan_live(tree)));
+                let order = load_order(&o, &mut corrupt);
+                let live = live.map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
+                (order, live)
+            });
+            let order = order?;
+            let live = live.transpose().map_err(|e| o.db(e))?;
             let counting = load_counts(&o, replayed.next_seq, &mut corrupt)?;
             Ok(Loaded {
                 files,
@@ -543,21 +585,23 @@ impl Store {
                 order,
                 counting,
                 corrupt,
+                live,
             })
         })
         .map_err(|panic| {
             failed.fail(&trees.main, &panic);
             damaged(dir, panic)
         })??;
-        let read_only = opts.read_only;
+        let mut loaded = loaded;
+        let live = loaded.live.take();
         let mut store = Store::start(dir, opts, clock, lock, trees, failed, loaded)?;
         store.read_copy = copy;
-        if read_only {
+        let Some(live) = live else {
             // Reading shows the data dir as it is: a task that was running
             // when its daemon stopped is still `running` here.
             return Ok(store);
-        }
-        let recovered = panics::catch(|| store.recover()).map_err(|panic| {
+        };
+        let recovered = panics::catch(|| store.recover(live)).map_err(|panic| {
             store.failed.fail(&store.trees.main, &panic);
             damaged(dir, panic)
         })?;
@@ -592,6 +636,7 @@ impl Store {
             order,
             counting,
             corrupt,
+            live: _,
         } = loaded;
         let overlay = Arc::new(Overlay::new(replayed.last_record));
         let applier = overlay.spawn(trees.clone(), failed.clone()).map_err(io)?;
@@ -642,21 +687,13 @@ impl Store {
     /// waiting: one `failed` event each with [`INTERRUPTED`] and no delay,
     /// after an `attempt-logged` event whose outcome is `interrupted`, in one
     /// ordinary commit. They keep their place at the head.
-    fn recover(&mut self) -> Result<(), WriteError> {
-        let mut interrupted = Vec::new();
-        let mut corrupt = Vec::new();
-        // The same one pass over the live tasks builds the TTL deadlines.
-        let mut deadlines = Deadlines::default();
-        for item in self.trees.main.scan_prefix([TASK]) {
-            let (k, v) = item?;
-            match codec::decode::<Task>(&v) {
-                Ok(t) if t.status == Status::Running => {
-                    interrupted.push((t.id, t.attempts, t.started_at))
-                }
-                Ok(t) => deadlines.add(&t),
-                Err(e) => corrupt.push(CorruptRecord::new(&k, e)),
-            }
-        }
+    fn recover(&mut self, live: LiveScan) -> Result<(), WriteError> {
+        let LiveScan {
+            interrupted,
+            deadlines,
+            corrupt,
+        } = live;
+        // The same one pass over the live tasks built the TTL deadlines.
         self.lock_inner().deadlines = Some(deadlines);
         self.corrupt.extend(corrupt);
         if interrupted.is_empty() {
