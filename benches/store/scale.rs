@@ -26,7 +26,7 @@
 //!   running, from spawn to exit, stdout read through a pipe (a read-only
 //!   command copies `db/` privately first: that is part of what a user
 //!   pays). With it `queue_list_1m_lines`, `queue_list_1m_stdout_mib` and
-//!   `queue_list_1m_rss_mib` (the child's peak RSS, from `wait4`).
+//!   `queue_list_1m_rss_mib` (the child's peak RSS, its `VmHWM` read while it runs).
 //!
 //! `BERTH_BENCH_SCALE_N` (a multiple of 10,000; default 1,000,000) shrinks
 //! the data dir while developing; the figures keep their names, and the
@@ -35,7 +35,6 @@
 
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
-use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -120,7 +119,7 @@ pub fn child_main() {
     )
     .expect("Store::open");
     let opened = start.elapsed().as_secs_f64();
-    let opened_rss = max_rss_kib(libc::RUSAGE_SELF);
+    let opened_rss = vm_hwm_kib("self").expect("VmHWM of this process");
     let mut handlers = Handlers::new();
     handlers.register("Noop", |_ctx: &TaskContext| Outcome::success());
     let engine = Engine::new(
@@ -145,19 +144,21 @@ pub fn child_main() {
     );
     // Checked after the clock stops: the open must have found every task.
     assert_eq!(engine.store().queued_total(), n, "queued tasks after open");
-    println!("{elapsed} {}", max_rss_kib(libc::RUSAGE_SELF));
+    println!(
+        "{elapsed} {}",
+        vm_hwm_kib("self").expect("VmHWM of this process")
+    );
     std::process::exit(0);
 }
 
-/// Peak RSS in KiB (Linux's unit for `ru_maxrss`).
-fn max_rss_kib(who: libc::c_int) -> i64 {
-    // SAFETY: getrusage only writes the struct it is given.
-    let ru = unsafe {
-        let mut ru: libc::rusage = std::mem::zeroed();
-        assert_eq!(libc::getrusage(who, &mut ru), 0, "getrusage");
-        ru
-    };
-    ru.ru_maxrss
+/// The peak RSS in KiB of process `pid` (or `self`): `VmHWM`, the high
+/// water mark of its memory since it exec'd. (Not `ru_maxrss`: Linux gives
+/// a child the RSS its parent had when it forked, and this bench's parent
+/// holds the million-task store it built.) None once it has exited.
+fn vm_hwm_kib(pid: &str) -> Option<i64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Builds the data dir and prints the figures `want` selects.
@@ -314,9 +315,7 @@ struct Listed {
 }
 
 /// `berth --data-dir DIR queue list`, timed from spawn to exit, its stdout
-/// counted as it streams, its peak RSS from `wait4`.
-// The child is reaped by `wait4` (for its rusage), not by `Child::wait`.
-#[allow(clippy::zombie_processes)]
+/// counted as it streams, its peak RSS from `VmHWM` while it runs.
 fn queue_list(dir: &Path, n: usize) -> Listed {
     eprintln!("scale: berth queue list on {n} tasks");
     let start = Instant::now();
@@ -332,6 +331,17 @@ fn queue_list(dir: &Path, n: usize) -> Listed {
         .spawn()
         .expect("spawning berth queue list");
     let mut stdout = child.stdout.take().expect("piped stdout");
+    // Its peak RSS, read every 5 ms until it exits (the last reading is
+    // within 5 ms of its end; `VmHWM` only grows).
+    let pid = child.id().to_string();
+    let watch = std::thread::spawn(move || {
+        let mut peak = 0;
+        while let Some(kib) = vm_hwm_kib(&pid) {
+            peak = kib;
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        peak
+    });
     let (mut lines, mut bytes) = (0, 0);
     let mut buf = vec![0u8; 1 << 16];
     loop {
@@ -342,18 +352,10 @@ fn queue_list(dir: &Path, n: usize) -> Listed {
         bytes += k;
         lines += buf[..k].iter().filter(|&&c| c == b'\n').count();
     }
-    let mut status = 0;
-    // SAFETY: wait4 only writes the status and the struct it is given; the
-    // child is ours and not yet reaped (std's `Child` is not waited on).
-    let ru = unsafe {
-        let mut ru: libc::rusage = std::mem::zeroed();
-        let pid = libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut ru);
-        assert_eq!(pid, child.id() as libc::pid_t, "wait4");
-        ru
-    };
+    let status = child.wait().expect("waiting for berth queue list");
     let secs = start.elapsed().as_secs_f64();
-    let status = std::process::ExitStatus::from_raw(status);
     assert!(status.success(), "berth queue list failed: {status}");
+    let rss_kib = watch.join().expect("the RSS watcher");
     // How many lines a million tasks deserve is `queue list`'s business (it
     // may summarize); it must at least print something.
     assert!(lines > 0, "queue list printed nothing for {n} tasks");
@@ -361,6 +363,6 @@ fn queue_list(dir: &Path, n: usize) -> Listed {
         secs,
         lines,
         stdout_bytes: bytes,
-        rss_kib: ru.ru_maxrss,
+        rss_kib,
     }
 }
