@@ -42,9 +42,9 @@ pub struct Options {
     /// Create the data dir if it does not exist.
     pub create: bool,
     /// sled's page cache size. sled holds several times this much in
-    /// practice: opening 1,000,000 queued tasks peaked at 600 MiB with 64
-    /// MiB and 409 MiB with the default 16 MiB, no slower (and the engine's
-    /// throughput was the same).
+    /// practice: opening 1,000,000 queued tasks peaked at 435 MiB with 64
+    /// MiB and 294 MiB with the default 16 MiB (`VmHWM`), no slower (and
+    /// the engine's throughput was the same).
     pub cache_bytes: u64,
     /// fsync sled's files after every flush (see `files`), so that what
     /// `sync` acknowledges survives a power cut. `false` keeps only sled's
