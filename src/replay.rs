@@ -23,7 +23,7 @@ use rayon::prelude::*;
 
 use crate::archive::{self, ArchiveError, SegmentInfo};
 use crate::store::CorruptRecord;
-use crate::store::event::{CommitRecord, Event};
+use crate::store::event::Event;
 use crate::store::verify::{Model, ReplayError};
 use crate::store::{ReadError, Store};
 
@@ -213,13 +213,21 @@ pub fn segments_in(data_dir: &Path) -> Result<Vec<SegmentInfo>, SourceError> {
     Ok(listed)
 }
 
-/// One window of segments, decoded in parallel.
-type Decoded = Result<Vec<(usize, Vec<CommitRecord>)>, ArchiveError>;
+/// One window of segments, decoded in parallel: each segment's events.
+type Decoded = Result<Vec<(usize, Vec<Event>)>, ArchiveError>;
 
+/// Decodes a window's segments in parallel. Only the events are kept: the
+/// records' key writes (copies of the tasks they changed) are freed here,
+/// on the decoding threads, not by the one thread applying the events.
 fn decode(window: &[(usize, &SegmentInfo)]) -> Decoded {
     window
         .par_iter()
-        .map(|(i, s)| archive::read_segment(&s.path).map(|(_, recs)| (*i, recs)))
+        .map(|(i, s)| {
+            archive::read_segment(&s.path).map(|(_, recs)| {
+                let events = recs.into_iter().flat_map(|r| r.events).collect();
+                (*i, events)
+            })
+        })
         .collect()
 }
 
@@ -281,7 +289,7 @@ impl<'a> Source<'a> {
     pub fn for_each(
         &self,
         after: u64,
-        mut f: impl FnMut(&Event) -> Result<Flow, SourceError>,
+        mut f: impl FnMut(Event) -> Result<Flow, SourceError>,
     ) -> Result<(u64, Flow), SourceError> {
         let mut check = Continuity::new(after);
         // Segments wholly at or before `after` are not even read.
@@ -304,7 +312,7 @@ impl<'a> Source<'a> {
                 if let Some(w) = following {
                     s.spawn(|_| next = Some(decode(w)));
                 }
-                self.hand_out(&decoded, &mut check, &mut f)
+                self.hand_out(decoded, &mut check, &mut f)
             })?;
             if flow == Flow::Stop {
                 return Ok((check.last, Flow::Stop));
@@ -319,7 +327,7 @@ impl<'a> Source<'a> {
                 if ev.seq > self.store_last {
                     break;
                 }
-                if check.accept(ev.seq, Side::Store, self)? && f(&ev)? == Flow::Stop {
+                if check.accept(ev.seq, Side::Store, self)? && f(ev)? == Flow::Stop {
                     return Ok((check.last, Flow::Stop));
                 }
             }
@@ -336,15 +344,17 @@ impl<'a> Source<'a> {
         Ok((check.last, Flow::Continue))
     }
 
+    /// Hands out a window's events, each moved to `f` (so the thread
+    /// applying them never copies or frees what it keeps).
     fn hand_out(
         &self,
-        decoded: &[(usize, Vec<CommitRecord>)],
+        decoded: Vec<(usize, Vec<Event>)>,
         check: &mut Continuity,
-        f: &mut impl FnMut(&Event) -> Result<Flow, SourceError>,
+        f: &mut impl FnMut(Event) -> Result<Flow, SourceError>,
     ) -> Result<Flow, SourceError> {
-        for (i, records) in decoded {
-            for ev in records.iter().flat_map(|r| &r.events) {
-                if check.accept(ev.seq, Side::Segment(*i), self)? && f(ev)? == Flow::Stop {
+        for (i, events) in decoded {
+            for ev in events {
+                if check.accept(ev.seq, Side::Segment(i), self)? && f(ev)? == Flow::Stop {
                     return Ok(Flow::Stop);
                 }
             }
@@ -449,11 +459,12 @@ pub fn state_at(
         if past {
             return Ok(Flow::Stop);
         }
+        let (seq, at) = (ev.seq, ev.at);
         model.apply(ev)?;
-        last = Some((ev.seq, ev.at));
+        last = Some((seq, at));
         n += 1;
         if n.is_multiple_of(PROGRESS_EVERY) {
-            progress(ev.seq);
+            progress(seq);
         }
         Ok(Flow::Continue)
     })?;
@@ -473,6 +484,7 @@ pub fn state_at(
 mod tests {
     use super::*;
     use crate::codec;
+    use crate::store::event::CommitRecord;
     use crate::store::event::EventKind;
     use crate::store::order::Placement;
     use crate::task::TaskSpec;

@@ -365,7 +365,7 @@ fn rebase(
     };
     let (_, records) = archive::read_segment(&segment.path)?;
     for rec in records {
-        for ev in &rec.events {
+        for ev in rec.events {
             model.apply(ev).map_err(|e| RetentionError::Replay {
                 path: segment.path.clone(),
                 why: e.to_string(),

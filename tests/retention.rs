@@ -107,14 +107,14 @@ fn replay_everything(store: &Store) -> Model {
         },
     };
     for rec in archive::read_all(&segments).expect("read the archive") {
-        for ev in &rec.events {
+        for ev in rec.events {
             if ev.seq > model.last_seq {
                 model.apply(ev).expect("apply an archived event");
             }
         }
     }
     for ev in store.events_from(model.last_seq + 1) {
-        model.apply(&ev.expect("event")).expect("apply a log event");
+        model.apply(ev.expect("event")).expect("apply a log event");
     }
     model
 }

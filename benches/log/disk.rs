@@ -116,14 +116,11 @@ pub fn disk() {
             engine.run_until_idle().expect("run_until_idle");
             retention::pass(&store, &r).expect("a retention pass");
             done += CHUNK;
+            if done % 100_000 == 0 {
+                where_it_is(dir.path(), &store, done, start);
+            }
         }
         let mib = du(dir.path()) as f64 / (1 << 20) as f64;
-        eprintln!(
-            "{done} tasks in {:.0} s: {mib:.0} MiB (log from event {}, {} finished kept)",
-            start.elapsed().as_secs_f64(),
-            store.log_start().unwrap_or(0),
-            store.history().len()
-        );
         figure(name, mib, "MiB");
         if target == 100_000 {
             at_100k = mib;
@@ -132,6 +129,25 @@ pub fn disk() {
             figure("disk_growth_1m_vs_100k", mib / at_100k, "x");
         }
     }
+}
+
+/// Says on stderr where the data dir's bytes are.
+fn where_it_is(dir: &Path, store: &Store, done: usize, start: Instant) {
+    let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
+    let part = |p: &str| mib(du(&dir.join(p)));
+    let db_file = std::fs::metadata(dir.join("db/db")).map_or(0, |m| m.len());
+    eprintln!(
+        "{done} tasks in {:.0} s: {:.0} MiB (log from event {}, {} finished kept): \
+         db/db {:.0}, db/blobs {:.0}, archive {:.0}, checkpoints {:.0} MiB",
+        start.elapsed().as_secs_f64(),
+        mib(du(dir)),
+        store.log_start().unwrap_or(0),
+        store.history().len(),
+        mib(db_file),
+        part("db/blobs"),
+        part("archive"),
+        part("checkpoints"),
+    );
 }
 
 pub fn checkpoint() {

@@ -46,7 +46,7 @@ pub fn log_page(
             if ev.seq > last {
                 return Ok(Flow::Stop);
             }
-            entries.push(Entry::of(ev));
+            entries.push(Entry::of(&ev));
             Ok(match entries.len() >= limit || ev.seq == last {
                 true => Flow::Stop,
                 false => Flow::Continue,

@@ -142,20 +142,23 @@ impl Model {
     /// Applies one event. An event the model refuses leaves it as it was,
     /// and one it takes leaves it consistent: no task both live and
     /// finished, every queued task live and in one position of its queue.
-    pub fn apply(&mut self, ev: &Event) -> Result<(), ReplayError> {
+    /// The event is moved into the model (a task or attempt log it brings
+    /// is kept as it is, not copied).
+    pub fn apply(&mut self, ev: Event) -> Result<(), ReplayError> {
         if self.last_seq != 0 && self.last_seq.checked_add(1) != Some(ev.seq) {
             return Err(ReplayError::Gap {
                 previous: self.last_seq,
                 found: ev.seq,
             });
         }
+        let seq = ev.seq;
         self.apply_kind(ev)?;
-        self.last_seq = ev.seq;
+        self.last_seq = seq;
         Ok(())
     }
 
     /// Checks everything before it changes anything.
-    fn apply_kind(&mut self, ev: &Event) -> Result<(), ReplayError> {
+    fn apply_kind(&mut self, ev: Event) -> Result<(), ReplayError> {
         let id = ev.kind.task_id();
         // The counters an event ticks are taken from the task as it was
         // before the event, and applied only once the event is accepted.
@@ -180,7 +183,7 @@ impl Model {
     }
 
     /// Checks the event against the model and applies it, or changes nothing.
-    fn apply_change(&mut self, ev: &Event) -> Result<(), ReplayError> {
+    fn apply_change(&mut self, ev: Event) -> Result<(), ReplayError> {
         let id = ev.kind.task_id();
         let unknown = || ReplayError::UnknownTask {
             seq: ev.seq,
@@ -207,7 +210,9 @@ impl Model {
                         .map_err(|a| bad_anchor(&task.queue, a))?;
                     self.insert(&task.queue, id, at);
                 }
-                self.live.insert(id, (**task).clone());
+                if let EventKind::Enqueued { task, .. } = ev.kind {
+                    self.live.insert(id, *task);
+                }
             }
             EventKind::Placed {
                 queue, placement, ..
@@ -240,7 +245,10 @@ impl Model {
                 if !self.live.contains_key(&id) {
                     return Err(unknown());
                 }
-                self.attempts.insert((id, log.attempt), (**log).clone());
+                let attempt = log.attempt;
+                if let EventKind::AttemptLogged { log, .. } = ev.kind {
+                    self.attempts.insert((id, attempt), *log);
+                }
                 let numbers = self
                     .attempts
                     .range((id, 0)..=(id, u32::MAX))
@@ -307,7 +315,7 @@ pub fn replay_counting(
         ..Model::default()
     };
     for ev in events {
-        m.apply(&ev?)?;
+        m.apply(ev?)?;
     }
     Ok(m)
 }
@@ -375,7 +383,7 @@ pub fn verify_from(
                 });
             }
             for ev in events {
-                m.apply(&ev?)?;
+                m.apply(ev?)?;
             }
             m
         }

@@ -300,7 +300,7 @@ pub fn inconsistency(m: &Model) -> Option<String> {
 pub fn replay_checked(model: &mut Model, events: &[Event]) {
     for ev in events {
         let before = model.clone();
-        match model.apply(ev) {
+        match model.apply(ev.clone()) {
             Ok(()) => {
                 if let Some(why) = inconsistency(model) {
                     panic!(
