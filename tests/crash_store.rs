@@ -36,13 +36,18 @@ fn open(dir: &Path) -> Store {
     .unwrap_or_else(|e| panic!("opening {}: {e}", dir.display()))
 }
 
-/// Enqueues forever, printing each id after its commit returned.
+/// Enqueues forever, printing each id after its commit returned. Every
+/// third task carries 20 KB, so its commit record is stored in pieces
+/// (`store/records.rs`), and a kill can land between them.
 fn produce(store: &Store, thread: usize) -> ! {
     producer::produce(store, |i| TaskSpec {
         queue: QUEUE.into(),
         kind: "CrashTest".into(),
         name: format!("t{thread}-{i}"),
-        payload: serde_json::json!({ "thread": thread, "i": i }),
+        payload: match i % 3 {
+            0 => serde_json::json!({ "thread": thread, "i": i, "pad": "x".repeat(20_000) }),
+            _ => serde_json::json!({ "thread": thread, "i": i }),
+        },
         ..Default::default()
     })
 }

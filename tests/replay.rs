@@ -479,7 +479,8 @@ fn history(dir: &Path) -> u64 {
 /// Returns the segments' paths.
 fn archive_log(dir: &Path, upto: u64, per: usize) -> Vec<PathBuf> {
     let db = sled::open(dir.join("db")).expect("sled");
-    let mut records: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+    // Each record's keys (one, or its pieces: `e` seq piece) and bytes.
+    let mut records: Vec<(Vec<Vec<u8>>, Vec<u8>)> = Vec::new();
     for item in db.scan_prefix([b'e']) {
         let (k, v) = item.expect("record");
         let mut seq = [0u8; 8];
@@ -487,7 +488,13 @@ fn archive_log(dir: &Path, upto: u64, per: usize) -> Vec<PathBuf> {
         if u64::from_be_bytes(seq) >= upto {
             break;
         }
-        records.push((k.to_vec(), v.to_vec()));
+        match records.last_mut() {
+            Some((keys, bytes)) if k.len() == 13 && keys[0][..9] == k[..9] => {
+                keys.push(k.to_vec());
+                bytes.extend_from_slice(&v);
+            }
+            _ => records.push((vec![k.to_vec()], v.to_vec())),
+        }
     }
     let mut paths = Vec::new();
     for chunk in records.chunks(per) {
@@ -508,8 +515,10 @@ fn archive_log(dir: &Path, upto: u64, per: usize) -> Vec<PathBuf> {
         );
     }
     // The last archived record stays in the store too: the two overlap.
-    for (k, _) in &records[..records.len() - 1] {
-        db.remove(k).expect("remove");
+    for (keys, _) in &records[..records.len() - 1] {
+        for k in keys {
+            db.remove(k).expect("remove");
+        }
     }
     db.flush().expect("flush");
     // The store's log now starts with the last archived record.
@@ -519,7 +528,7 @@ fn archive_log(dir: &Path, upto: u64, per: usize) -> Vec<PathBuf> {
         .expect("a record")
         .expect("read")
         .0;
-    assert_eq!(first.to_vec(), records[records.len() - 1].0);
+    assert_eq!(first.to_vec(), records[records.len() - 1].0[0]);
     assert!(records.len() > 1);
     paths
 }

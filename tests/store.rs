@@ -687,6 +687,9 @@ fn opening_a_format_3_dir_moves_its_counters_to_their_tree() {
             "moved out of the default tree"
         );
         let format = db.get(b"mformat").unwrap().unwrap();
-        assert_eq!(berth::codec::decode::<u64>(&format), Ok(4));
+        assert_eq!(
+            berth::codec::decode::<u64>(&format),
+            Ok(berth::store::keys::STORE_FORMAT)
+        );
     }
 }

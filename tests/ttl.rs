@@ -434,7 +434,10 @@ fn a_data_dir_from_before_ttls_reads_back_the_same_verifies_and_runs() {
     // The daemon's open upgraded the store format (nothing else).
     let db = sled::open(dir.join("db")).expect("sled");
     let format = db.get(b"mformat").expect("read").expect("mformat");
-    assert_eq!(berth::codec::decode::<u64>(&format), Ok(4));
+    assert_eq!(
+        berth::codec::decode::<u64>(&format),
+        Ok(berth::store::keys::STORE_FORMAT)
+    );
 }
 
 // ---- a real daemon ----

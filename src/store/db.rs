@@ -24,6 +24,7 @@ use crate::store::keys::{self, EVENT, HISTORY, TASK};
 use crate::store::lock::{DirLock, Role};
 use crate::store::order::Order;
 use crate::store::overlay::Overlay;
+use crate::store::records;
 use crate::store::write::WriteTxn;
 use crate::task::Task;
 
@@ -221,11 +222,7 @@ impl Store {
         writes: Vec<KeyWrite>,
     ) -> Result<u64, WriteError> {
         self.overlay.wait_for_room();
-        if let Err(e) = self
-            .trees
-            .main
-            .insert(keys::id_key(EVENT, first_seq), record)
-        {
+        if let Err(e) = records::writes(first_seq, record).apply(&self.trees.main) {
             self.failed.fail(&self.trees.main, &e);
             return Err(WriteError::Database(e));
         }
@@ -436,8 +433,10 @@ impl Store {
             .collect()
     }
 
-    /// The event log from `from_seq` on. A corrupt commit record yields one
-    /// error in place of its events.
+    /// The event log from `from_seq` on, up to the last event committed
+    /// when it is called (a record being written meanwhile, perhaps in
+    /// pieces not all there yet, is not read). A corrupt commit record
+    /// yields one error in place of its events.
     pub fn events_from(
         &self,
         from_seq: u64,
@@ -446,34 +445,29 @@ impl Store {
         let start = self
             .trees
             .main
-            .range(keys::id_key(EVENT, 0)..=keys::id_key(EVENT, from_seq))
+            .range(records::range(0, from_seq))
             .next_back()
             .and_then(|r| r.ok())
-            .map_or(keys::id_key(EVENT, from_seq), |(k, _)| {
-                let mut a = [0u8; 9];
-                a.copy_from_slice(&k);
-                a
+            .and_then(|(k, _)| records::key_seq(&k))
+            .unwrap_or(from_seq);
+        // Under the write lock, a record is in the tree before its events
+        // are counted.
+        let last = self.next_seq().saturating_sub(1);
+        records::read(&self.trees.main, start, last).flat_map(move |item| {
+            let decoded = item.map_err(records::Unread::corrupt).and_then(|l| {
+                codec::decode::<CommitRecord>(&l.bytes).map_err(|e| CorruptRecord::new(&l.key(), e))
             });
-        self.trees
-            .main
-            .range(start..=keys::id_key(EVENT, u64::MAX))
-            .flat_map(move |item| {
-                let decoded =
-                    item.map_err(|e| CorruptRecord::new(&[EVENT], e))
-                        .and_then(|(k, v)| {
-                            codec::decode::<CommitRecord>(&v).map_err(|e| CorruptRecord::new(&k, e))
-                        });
-                let items: Vec<Result<Event, CorruptRecord>> = match decoded {
-                    Ok(rec) => rec
-                        .events
-                        .into_iter()
-                        .filter(|e| e.seq >= from_seq)
-                        .map(Ok)
-                        .collect(),
-                    Err(c) => vec![Err(c)],
-                };
-                items
-            })
+            let items: Vec<Result<Event, CorruptRecord>> = match decoded {
+                Ok(rec) => rec
+                    .events
+                    .into_iter()
+                    .filter(|e| e.seq >= from_seq)
+                    .map(Ok)
+                    .collect(),
+                Err(c) => vec![Err(c)],
+            };
+            items
+        })
     }
 
     /// The number of the first event in the log (the key of its first
@@ -483,7 +477,7 @@ impl Store {
         match self.trees.main.scan_prefix([EVENT]).next() {
             None => Ok(None),
             Some(Err(e)) => Err(CorruptRecord::new(&[EVENT], e)),
-            Some(Ok((k, _))) => keys::parse_id_key(&k)
+            Some(Ok((k, _))) => records::key_seq(&k)
                 .map(Some)
                 .ok_or_else(|| CorruptRecord::new(&k, "not a commit record key")),
         }

@@ -9,6 +9,7 @@
 //! | `t` id:u64                            | live task             |
 //! | `h` id:u64                            | finished task         |
 //! | `e` seq:u64                           | commit record         |
+//! | `e` seq:u64 piece:u32                 | a piece of a large one (`records`) |
 //! | `q` queue-name 0x00 position:i64(*)   | task id:u64           |
 //! | `o` id:u64 attempt:u32                | attempt log           |
 //! | `c` kind (tree `counters`)            | that kind's counters  |
@@ -55,10 +56,15 @@ pub const META_PARALLEL: &[u8] = b"mparallel";
 pub const META_NODE: &[u8] = b"mnode";
 
 /// The on-disk layout version (the key layout above; the record framing has its own byte).
+/// 5: a commit record over `records::CHUNK` bytes is stored in pieces
+/// under `e` ‖ seq ‖ piece:u32 (see `records`), which a format-4 build
+/// would misread. Opening upgrades a format-4 dir by writing this number:
+/// its records are all whole, as format 5 may also store them.
+pub const STORE_FORMAT: u64 = 5;
 /// 4: the `c` keys are in their own tree (`COUNTERS_TREE`); a format-3
 /// build would not see them. Opening upgrades a format-3 (or older) dir by
 /// moving them there.
-pub const STORE_FORMAT: u64 = 4;
+pub const STORE_FORMAT_V4: u64 = 4;
 /// 3: records may be of version 2 (`codec`), which builds of format 2 cannot
 /// read; the key layout is format 2's. Opening upgrades a format-2 dir by
 /// writing this number: its version-1 records stay as they are and readable,

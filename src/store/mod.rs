@@ -17,6 +17,7 @@ mod open;
 pub mod order;
 mod overlay;
 mod panics;
+mod records;
 mod snapshot;
 pub mod verify;
 mod write;

@@ -36,11 +36,12 @@ use crate::store::error::{CorruptRecord, OpenError, WriteError};
 use crate::store::event::{CommitRecord, INTERRUPTED};
 use crate::store::files::{self, DbFiles};
 use crate::store::health::Failed;
-use crate::store::keys::{self, COUNTER, EVENT, HISTORY, QUEUE, TASK};
+use crate::store::keys::{self, COUNTER, HISTORY, QUEUE, TASK};
 use crate::store::lock::{DirLock, Holder, LockError, Role};
 use crate::store::order::Order;
 use crate::store::overlay::{self, Overlay, Trees};
 use crate::store::panics;
+use crate::store::records;
 use crate::task::{Status, Task};
 
 /// How often a daemon waiting for commands says so in the log.
@@ -306,6 +307,7 @@ fn check_format(o: &Opening<'_>, files: &DbFiles, read_only: bool) -> Result<u64
         Some(v) => match codec::decode::<u64>(&v) {
             Ok(
                 f @ (keys::STORE_FORMAT
+                | keys::STORE_FORMAT_V4
                 | keys::STORE_FORMAT_V3
                 | keys::STORE_FORMAT_V2
                 | keys::STORE_FORMAT_V1),
@@ -324,7 +326,7 @@ fn check_format(o: &Opening<'_>, files: &DbFiles, read_only: bool) -> Result<u64
 /// default tree to their own (format 4, see `overlay::Trees`). Copied,
 /// then deleted: a crash in between leaves the copies, and the next open
 /// (the format is still old) copies the same values again. `reapply` then
-/// writes format 4.
+/// writes the current format.
 fn move_counters(o: &Opening<'_>) -> Result<(), OpenError> {
     let mut moved = Vec::new();
     for item in o.tree.scan_prefix([COUNTER]) {
@@ -357,13 +359,7 @@ fn reapply(
     corrupt: &mut Vec<CorruptRecord>,
 ) -> Result<Replayed, OpenError> {
     let tree = o.tree;
-    let last_record = tree
-        .scan_prefix([EVENT])
-        .next_back()
-        .transpose()
-        .map_err(|e| o.db(e))?
-        .and_then(|(k, _)| keys::parse_id_key(&k))
-        .unwrap_or(0);
+    let last_record = records::last_seq(tree).map_err(|e| o.db(e))?.unwrap_or(0);
     let mark = match tree.get(keys::META_APPLIED).map_err(|e| o.db(e))? {
         Some(v) if format != keys::STORE_FORMAT_V1 => {
             codec::decode::<u64>(&v).unwrap_or_else(|e| {
@@ -377,20 +373,28 @@ fn reapply(
     };
     let (mut next_id, mut next_seq) = (1, 1);
     let from = (mark + 1).min(last_record.max(1));
-    for item in tree.range(keys::id_key(EVENT, from)..=keys::id_key(EVENT, u64::MAX)) {
-        let (k, v) = item.map_err(|e| o.db(e))?;
-        match codec::decode::<CommitRecord>(&v) {
+    for item in records::read(tree, from, u64::MAX) {
+        let l = match item {
+            Ok(l) => l,
+            Err(records::Unread::Corrupt(c)) => {
+                corrupt.push(c);
+                continue;
+            }
+            Err(records::Unread::Db(e)) => return Err(o.db(e)),
+        };
+        match codec::decode::<CommitRecord>(&l.bytes) {
             Ok(rec) => {
                 o.trees.apply_writes(&rec.writes).map_err(|e| o.db(e))?;
                 next_id = rec.next_id;
                 next_seq = rec.events.last().map_or(1, |e| e.seq + 1);
             }
             Err(e) => {
-                corrupt.push(CorruptRecord::new(&k, e));
-                next_seq = keys::parse_id_key(&k).map_or(1, |s| s + 1);
+                corrupt.push(CorruptRecord::new(&l.key(), e));
+                next_seq = l.seq + 1;
             }
         }
     }
+
     overlay::write_mark(tree, last_record).map_err(|e| o.db(e))?;
     if format != keys::STORE_FORMAT {
         // Upgrade: format 1 now has its mark; format 2 (and 1) records stay
@@ -562,7 +566,7 @@ impl Store {
             };
             let files = Arc::new(files.map_err(|e| o.io(e))?);
             let format = check_format(&o, &files, opts.read_only)?;
-            if format < keys::STORE_FORMAT {
+            if format < keys::STORE_FORMAT_V4 {
                 move_counters(&o)?;
             }
             let mut corrupt = Vec::new();

@@ -14,7 +14,6 @@
 //! event numbers.
 
 use std::collections::BTreeMap;
-use std::ops::Bound;
 
 use crate::codec;
 use crate::store::attempts::AttemptLog;
@@ -23,6 +22,7 @@ use crate::store::db::Store;
 use crate::store::error::CorruptRecord;
 use crate::store::event::CommitRecord;
 use crate::store::keys::{self, ATTEMPT, COUNTER, EVENT, HISTORY, QUEUE, TASK};
+use crate::store::records;
 use crate::store::verify::Model;
 use crate::task::Task;
 
@@ -71,13 +71,10 @@ impl Store {
             CorruptRecord::new(&[EVENT], format!("flushing before a snapshot: {e}"))
         })?;
         // Redo: the key writes of the records committed during the scan.
-        let range = (
-            Bound::Included(keys::id_key(EVENT, s0)),
-            Bound::Excluded(keys::id_key(EVENT, s1)),
-        );
-        for item in self.trees.main.range(range) {
-            let (k, v) = item.map_err(|e| CorruptRecord::new(&[EVENT], e))?;
-            let rec: CommitRecord = codec::decode(&v).map_err(|e| CorruptRecord::new(&k, e))?;
+        for item in records::read(&self.trees.main, s0, s1.saturating_sub(1)) {
+            let l = item.map_err(records::Unread::corrupt)?;
+            let rec: CommitRecord =
+                codec::decode(&l.bytes).map_err(|e| CorruptRecord::new(&l.key(), e))?;
             for w in rec.writes {
                 if !w.key.first().is_some_and(|p| STATE.contains(p)) {
                     continue;
@@ -104,17 +101,21 @@ impl Store {
     /// times (each record is decoded to read them).
     pub fn log_records(&self) -> Result<Vec<LogRecord>, CorruptRecord> {
         let mut out = Vec::new();
-        for item in self.trees.main.scan_prefix([EVENT]) {
-            let (k, v) = item.map_err(|e| CorruptRecord::new(&[EVENT], e))?;
-            let rec: CommitRecord = codec::decode(&v).map_err(|e| CorruptRecord::new(&k, e))?;
+        for item in records::read(&self.trees.main, 0, u64::MAX) {
+            let l = item.map_err(records::Unread::corrupt)?;
+            let rec: CommitRecord =
+                codec::decode(&l.bytes).map_err(|e| CorruptRecord::new(&l.key(), e))?;
             let (Some(first), Some(last)) = (rec.events.first(), rec.events.last()) else {
-                return Err(CorruptRecord::new(&k, "a commit record without events"));
+                return Err(CorruptRecord::new(
+                    &l.key(),
+                    "a commit record without events",
+                ));
             };
             out.push(LogRecord {
                 first_seq: first.seq,
                 last_seq: last.seq,
                 at: last.at,
-                bytes: v.len() as u64,
+                bytes: l.bytes.len() as u64,
             });
         }
         Ok(out)
@@ -125,15 +126,12 @@ impl Store {
     /// archive keeps).
     pub fn log_bytes_upto(&self, upto: u64) -> Result<Vec<Vec<u8>>, CorruptRecord> {
         let mut out = Vec::new();
-        for item in self
-            .trees
-            .main
-            .range(keys::id_key(EVENT, 0)..=keys::id_key(EVENT, upto))
-        {
-            let (k, v) = item.map_err(|e| CorruptRecord::new(&[EVENT], e))?;
-            let rec: CommitRecord = codec::decode(&v).map_err(|e| CorruptRecord::new(&k, e))?;
+        for item in records::read(&self.trees.main, 0, upto) {
+            let l = item.map_err(records::Unread::corrupt)?;
+            let rec: CommitRecord =
+                codec::decode(&l.bytes).map_err(|e| CorruptRecord::new(&l.key(), e))?;
             if rec.events.last().is_some_and(|e| e.seq <= upto) {
-                out.push(v.to_vec());
+                out.push(l.bytes.to_vec());
             }
         }
         Ok(out)
@@ -158,32 +156,25 @@ impl Store {
                 .map_err(|e| WriteError::Corrupt(CorruptRecord::new(keys::META_APPLIED, e)))?,
             None => 0,
         };
-        let last_key = self
-            .trees
-            .main
-            .scan_prefix([EVENT])
-            .next_back()
-            .transpose()
-            .map_err(WriteError::Database)?
-            .map(|(k, _)| k.to_vec());
+        let last = records::last_seq(&self.trees.main).map_err(WriteError::Database)?;
         let mut batch = sled::Batch::default();
         let mut n = 0;
-        for item in self
-            .trees
-            .main
-            .range(keys::id_key(EVENT, 0)..=keys::id_key(EVENT, upto))
-        {
-            let (k, v) = item.map_err(WriteError::Database)?;
-            let first = keys::parse_id_key(&k).unwrap_or(u64::MAX);
-            if first >= mark || last_key.as_deref() == Some(&k[..]) {
+        for item in records::read(&self.trees.main, 0, upto) {
+            let l = item.map_err(|e| match e {
+                records::Unread::Db(e) => WriteError::Database(e),
+                records::Unread::Corrupt(c) => WriteError::Corrupt(c),
+            })?;
+            if l.seq >= mark || Some(l.seq) == last {
                 break;
             }
-            let rec: CommitRecord =
-                codec::decode(&v).map_err(|e| WriteError::Corrupt(CorruptRecord::new(&k, e)))?;
+            let rec: CommitRecord = codec::decode(&l.bytes)
+                .map_err(|e| WriteError::Corrupt(CorruptRecord::new(&l.key(), e)))?;
             if rec.events.last().is_some_and(|e| e.seq > upto) {
                 break;
             }
-            batch.remove(k);
+            for k in l.keys {
+                batch.remove(k);
+            }
             n += 1;
         }
         if n == 0 {

@@ -1,0 +1,284 @@
+//! The commit records' keys: a record is stored whole under `e` ‖ its
+//! first event number, or, when it is larger than [`CHUNK`], in pieces of
+//! at most `CHUNK` bytes under `e` ‖ first event number ‖ piece number
+//! (u32, from 0), all written in one atomic sled batch.
+//!
+//! Why: sled 0.34 writes a page (a leaf of up to 17 keys) of more than a
+//! quarter of its 512 KiB segment as a file of its own under `db/blobs`,
+//! and does not always delete the file when the page is written again
+//! (sled issue 786): a log of large records (an enqueue batch of 1,000
+//! tasks of 4 KiB is 8 MiB) grew `db/blobs` with every task run, by
+//! hundreds of megabytes per 100,000 tasks, whatever retention cut. With
+//! pieces of 6 KiB a leaf of the log stays under 128 KiB and is written in
+//! sled's log, whose segments sled reuses.
+//!
+//! A piece key sorts after its record's whole key and before the next
+//! record's (`e` ‖ n < `e` ‖ n ‖ i < `e` ‖ n+1), so a range of records is a
+//! range of keys, and [`Records`] puts each record back together. The
+//! pieces are cut from the framed record (`codec::frame`), whose length
+//! and CRC-32 check the joined bytes: a piece missing or out of place is a
+//! corrupt record, named by its key.
+
+use std::ops::Bound;
+
+use sled::IVec;
+
+use crate::store::error::CorruptRecord;
+use crate::store::keys::{self, EVENT};
+
+/// The largest piece of a commit record under one key (and the largest
+/// record stored whole).
+pub const CHUNK: usize = 6 * 1024;
+
+/// The key of piece `i` of the record whose first event is `seq`.
+pub fn piece_key(seq: u64, i: u32) -> [u8; 13] {
+    let mut k = [0u8; 13];
+    k[..9].copy_from_slice(&keys::id_key(EVENT, seq));
+    k[9..].copy_from_slice(&i.to_be_bytes());
+    k
+}
+
+/// The first event number of a record key (whole or piece).
+pub fn key_seq(key: &[u8]) -> Option<u64> {
+    match key.len() {
+        9 | 13 => keys::parse_id_key(&key[..9]),
+        _ => None,
+    }
+}
+
+/// The sled writes that store `record` (whole, or in pieces).
+pub fn writes(seq: u64, record: Vec<u8>) -> Stored {
+    if record.len() <= CHUNK {
+        return Stored::Whole(keys::id_key(EVENT, seq), record);
+    }
+    let mut batch = sled::Batch::default();
+    for (i, piece) in record.chunks(CHUNK).enumerate() {
+        // A record is at most `codec::MAX_RECORD_BYTES`: far fewer pieces
+        // than u32 numbers.
+        let i = u32::try_from(i).unwrap_or(u32::MAX);
+        batch.insert(&piece_key(seq, i)[..], piece);
+    }
+    Stored::Pieces(batch)
+}
+
+/// How a record goes into the tree.
+pub enum Stored {
+    Whole([u8; 9], Vec<u8>),
+    Pieces(sled::Batch),
+}
+
+impl Stored {
+    pub fn apply(self, tree: &sled::Tree) -> sled::Result<()> {
+        match self {
+            Stored::Whole(k, v) => tree.insert(k, v).map(|_| ()),
+            Stored::Pieces(batch) => tree.apply_batch(batch),
+        }
+    }
+}
+
+/// The keys of the records whose first event is in `from..=to`.
+pub fn range(from: u64, to: u64) -> (Bound<Vec<u8>>, Bound<Vec<u8>>) {
+    let end = match to.checked_add(1) {
+        Some(next) => keys::id_key(EVENT, next).to_vec(),
+        // Every key of the `e` range, pieces of the last number included.
+        None => vec![EVENT + 1],
+    };
+    (
+        Bound::Included(keys::id_key(EVENT, from).to_vec()),
+        Bound::Excluded(end),
+    )
+}
+
+/// The first event number of the log's last record.
+pub fn last_seq(tree: &sled::Tree) -> sled::Result<Option<u64>> {
+    Ok(tree
+        .scan_prefix([EVENT])
+        .next_back()
+        .transpose()?
+        .and_then(|(k, _)| key_seq(&k)))
+}
+
+/// One record read back: its first event number, its keys and its bytes.
+pub struct Logged {
+    pub seq: u64,
+    pub keys: Vec<IVec>,
+    pub bytes: Bytes,
+}
+
+impl Logged {
+    /// The key that names the record (in errors).
+    pub fn key(&self) -> Vec<u8> {
+        keys::id_key(EVENT, self.seq).to_vec()
+    }
+}
+
+/// A record's bytes: as sled holds them, or its pieces joined.
+pub enum Bytes {
+    Whole(IVec),
+    Joined(Vec<u8>),
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Whole(v) => v,
+            Bytes::Joined(v) => v,
+        }
+    }
+}
+
+/// Why a record could not be read.
+#[derive(Debug)]
+pub enum Unread {
+    /// sled failed.
+    Db(sled::Error),
+    /// The keys of a record are not whole or not in order (the rest of the
+    /// range is still read).
+    Corrupt(CorruptRecord),
+}
+
+impl Unread {
+    pub fn corrupt(self) -> CorruptRecord {
+        match self {
+            Unread::Db(e) => CorruptRecord::new(&[EVENT], e),
+            Unread::Corrupt(c) => c,
+        }
+    }
+}
+
+/// The records of a range of `e` keys, oldest first, each joined from its
+/// pieces.
+pub struct Records<I: Iterator<Item = sled::Result<(IVec, IVec)>>> {
+    inner: std::iter::Peekable<I>,
+}
+
+impl<I: Iterator<Item = sled::Result<(IVec, IVec)>>> Records<I> {
+    pub fn new(items: I) -> Self {
+        Records {
+            inner: items.peekable(),
+        }
+    }
+}
+
+/// The records of `tree` whose first event is in `from..=to`.
+pub fn read(tree: &sled::Tree, from: u64, to: u64) -> Records<sled::Iter> {
+    Records::new(tree.range(range(from, to)))
+}
+
+impl<I: Iterator<Item = sled::Result<(IVec, IVec)>>> Iterator for Records<I> {
+    type Item = Result<Logged, Unread>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let (k, v) = match self.inner.next()? {
+            Ok(kv) => kv,
+            Err(e) => return Some(Err(Unread::Db(e))),
+        };
+        let Some(seq) = key_seq(&k) else {
+            return Some(Err(Unread::Corrupt(CorruptRecord::new(
+                &k,
+                "not a commit record key",
+            ))));
+        };
+        if k.len() == 9 {
+            return Some(Ok(Logged {
+                seq,
+                keys: vec![k],
+                bytes: Bytes::Whole(v),
+            }));
+        }
+        // Pieces: every key of this number, numbered from 0 without a gap.
+        let mut keys = vec![k];
+        let mut joined = v.to_vec();
+        let mut bad = None;
+        while let Some(Ok((next, _))) = self.inner.peek() {
+            if next.len() != 13 || key_seq(next) != Some(seq) {
+                break;
+            }
+            let Some(Ok((next, piece))) = self.inner.next() else {
+                break;
+            };
+            joined.extend_from_slice(&piece);
+            keys.push(next);
+        }
+        for (want, key) in keys.iter().enumerate() {
+            let got = u32::from_be_bytes([key[9], key[10], key[11], key[12]]);
+            if usize::try_from(got).ok() != Some(want) {
+                bad = Some(format!("piece {got} where piece {want} belongs"));
+                break;
+            }
+        }
+        if let Some(why) = bad {
+            let key = keys::id_key(EVENT, seq);
+            return Some(Err(Unread::Corrupt(CorruptRecord::new(&key, why))));
+        }
+        Some(Ok(Logged {
+            seq,
+            keys,
+            bytes: Bytes::Joined(joined),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tree() -> (tempfile::TempDir, sled::Tree) {
+        let dir = tempfile::tempdir().expect("tmp");
+        let db = sled::Config::new()
+            .path(dir.path().join("db"))
+            .open()
+            .expect("sled");
+        let t = db.open_tree("t").expect("tree");
+        (dir, t)
+    }
+
+    fn record(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+            .collect()
+    }
+
+    #[test]
+    fn records_come_back_whole_whatever_their_size_and_ranges_hold_their_pieces() {
+        let (_d, t) = tree();
+        let sizes = [10, CHUNK, CHUNK + 1, 3 * CHUNK, 100_000, 1];
+        for (i, len) in sizes.iter().enumerate() {
+            let seq = 10 * (i as u64 + 1);
+            writes(seq, record(*len, i as u8)).apply(&t).expect("write");
+        }
+        // A key of another range right after the log must not be read.
+        t.insert([EVENT + 1], &b"x"[..]).expect("insert");
+        let all: Vec<Logged> = read(&t, 0, u64::MAX)
+            .collect::<Result<_, _>>()
+            .expect("read");
+        assert_eq!(all.len(), sizes.len());
+        for (i, (l, len)) in all.iter().zip(sizes).enumerate() {
+            assert_eq!(l.seq, 10 * (i as u64 + 1));
+            assert_eq!(&l.bytes[..], &record(len, i as u8)[..]);
+            assert_eq!(l.keys.len(), len.div_ceil(CHUNK).max(1));
+        }
+        // `to` is inclusive and takes the pieces of its record.
+        let some: Vec<u64> = read(&t, 20, 40).map(|r| r.expect("read").seq).collect();
+        assert_eq!(some, vec![20, 30, 40]);
+        assert_eq!(last_seq(&t).expect("last"), Some(60));
+    }
+
+    #[test]
+    fn a_missing_piece_is_a_corrupt_record_and_the_next_record_still_reads() {
+        let (_d, t) = tree();
+        writes(1, record(3 * CHUNK, 1)).apply(&t).expect("write");
+        writes(2, record(10, 2)).apply(&t).expect("write");
+        t.remove(piece_key(1, 1)).expect("remove");
+        let got: Vec<_> = read(&t, 0, u64::MAX).collect();
+        assert_eq!(got.len(), 2);
+        match &got[0] {
+            Err(Unread::Corrupt(c)) => {
+                assert!(c.reason.contains("piece 2 where piece 1"), "{}", c.reason)
+            }
+            _ => panic!("a missing piece was not reported"),
+        }
+        assert!(matches!(&got[1], Ok(l) if l.seq == 2));
+    }
+}
