@@ -4,10 +4,10 @@
 //! A data dir's history is its archive segments (`DIR/archive/`, commit
 //! records that retention moved out of the store's log; see `archive`)
 //! followed by the store's own log (the `e` records). A [`Source`] reads
-//! them in that order: segments in windows decoded in parallel with rayon
-//! (the next window decodes while the events of the current one are
-//! handed out), then the store's records one by one, so a long history is
-//! never held whole. Events that two sources both hold (an overlap at the
+//! them in that order: segments decoded in parallel with rayon, a few
+//! ahead of the one whose events are being handed out (the thread handing
+//! them out decodes too while it waits), then the store's records one by
+//! one, so a long history is never held whole. Events that two sources both hold (an overlap at the
 //! start of a segment or of the store's log) are handed out once; a missing
 //! event, or one out of order inside a source, is an error that names the
 //! event numbers and where they came from.
@@ -18,8 +18,8 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
-
-use rayon::prelude::*;
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
 
 use crate::archive::{self, ArchiveError, SegmentInfo};
 use crate::store::CorruptRecord;
@@ -213,22 +213,47 @@ pub fn segments_in(data_dir: &Path) -> Result<Vec<SegmentInfo>, SourceError> {
     Ok(listed)
 }
 
-/// One window of segments, decoded in parallel: each segment's events.
-type Decoded = Result<Vec<(usize, Vec<Event>)>, ArchiveError>;
+/// A segment's events, decoded.
+type Decoded = Result<Vec<Event>, ArchiveError>;
 
-/// Decodes a window's segments in parallel. Only the events are kept: the
-/// records' key writes (copies of the tasks they changed) are freed here,
-/// on the decoding threads, not by the one thread applying the events.
-fn decode(window: &[(usize, &SegmentInfo)]) -> Decoded {
-    window
-        .par_iter()
-        .map(|(i, s)| {
-            archive::read_segment(&s.path).map(|(_, recs)| {
-                let events = recs.into_iter().flat_map(|r| r.events).collect();
-                (*i, events)
-            })
-        })
-        .collect()
+/// Decodes a segment (its records in parallel). Only the events are kept:
+/// the records' key writes (copies of the tasks they changed) are freed
+/// here, on a decoding thread, not by the one thread applying the events.
+fn decode(s: &SegmentInfo) -> Decoded {
+    archive::read_segment(&s.path)
+        .map(|(_, recs)| recs.into_iter().flat_map(|r| r.events).collect())
+}
+
+/// Where a decoded segment waits for the thread handing out events.
+#[derive(Default)]
+struct Slot {
+    value: Mutex<Option<Decoded>>,
+    filled: Condvar,
+}
+
+impl Slot {
+    fn fill(&self, d: Decoded) {
+        *self.value.lock().unwrap_or_else(|p| p.into_inner()) = Some(d);
+        self.filled.notify_all();
+    }
+
+    /// The decoded segment. Until it is there, this thread runs rayon jobs
+    /// that wait (other segments, or records of this one), and otherwise
+    /// waits for the slot (looking again every millisecond for new jobs).
+    fn take(&self) -> Decoded {
+        loop {
+            if let Some(d) = self.value.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                return d;
+            }
+            if rayon::yield_now() == Some(rayon::Yield::Executed) {
+                continue;
+            }
+            let value = self.value.lock().unwrap_or_else(|p| p.into_inner());
+            if value.is_none() {
+                let _ = self.filled.wait_timeout(value, Duration::from_millis(1));
+            }
+        }
+    }
 }
 
 impl<'a> Source<'a> {
@@ -299,25 +324,29 @@ impl<'a> Source<'a> {
             .enumerate()
             .filter(|(_, s)| s.last_seq > after)
             .collect();
-        let width = rayon::current_num_threads().max(1);
-        let mut windows = todo.chunks(width);
-        let mut current = windows.next().map(decode);
-        while let Some(decoded) = current.take() {
-            let decoded = decoded?;
-            let following = windows.next();
-            let mut next = None;
-            // The next window decodes (on other threads) while this one's
-            // events are handed out here, in order.
-            let flow = rayon::in_place_scope(|s| {
-                if let Some(w) = following {
-                    s.spawn(|_| next = Some(decode(w)));
+        // Segments decode as rayon jobs, at most `ahead` of them beyond
+        // the one whose events are being handed out here, in order; this
+        // thread decodes too whenever it waits for the next segment.
+        let ahead = 2 * rayon::current_num_threads().max(1);
+        let slots: Vec<Slot> = todo.iter().map(|_| Slot::default()).collect();
+        let flow = rayon::in_place_scope(|s| {
+            let spawn = |k: usize| {
+                if let (Some((_, seg)), Some(slot)) = (todo.get(k), slots.get(k)) {
+                    s.spawn(move |_| slot.fill(decode(seg)));
                 }
-                self.hand_out(decoded, &mut check, &mut f)
-            })?;
-            if flow == Flow::Stop {
-                return Ok((check.last, Flow::Stop));
+            };
+            (0..ahead).for_each(spawn);
+            for (k, (i, _)) in todo.iter().enumerate() {
+                let events = slots[k].take();
+                spawn(k + ahead);
+                if self.hand_out(*i, events?, &mut check, &mut f)? == Flow::Stop {
+                    return Ok(Flow::Stop);
+                }
             }
-            current = next;
+            Ok::<_, SourceError>(Flow::Continue)
+        })?;
+        if flow == Flow::Stop {
+            return Ok((check.last, Flow::Stop));
         }
         if let Some(store) = self.store
             && self.store_last > check.last
@@ -348,15 +377,14 @@ impl<'a> Source<'a> {
     /// applying them never copies or frees what it keeps).
     fn hand_out(
         &self,
-        decoded: Vec<(usize, Vec<Event>)>,
+        i: usize,
+        events: Vec<Event>,
         check: &mut Continuity,
         f: &mut impl FnMut(Event) -> Result<Flow, SourceError>,
     ) -> Result<Flow, SourceError> {
-        for (i, events) in decoded {
-            for ev in events {
-                if check.accept(ev.seq, Side::Segment(i), self)? && f(ev)? == Flow::Stop {
-                    return Ok(Flow::Stop);
-                }
+        for ev in events {
+            if check.accept(ev.seq, Side::Segment(i), self)? && f(ev)? == Flow::Stop {
+                return Ok(Flow::Stop);
             }
         }
         Ok(Flow::Continue)
