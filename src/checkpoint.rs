@@ -88,6 +88,7 @@ pub fn write(data_dir: &Path, snap: &Snapshot) -> io::Result<PathBuf> {
             .map(|t| codec::encode(&Entry::History(t.clone()))),
     );
     for (name, ids) in &m.queues {
+        let ids: Vec<u64> = ids.iter().copied().collect();
         for chunk in ids.chunks(QUEUE_CHUNK) {
             records.push(codec::encode(&Entry::Queue {
                 name: name.clone(),

@@ -34,7 +34,10 @@ fn main() {
     let code = match result {
         Ok(()) => cli::EXIT_OK,
         Err(e) => {
-            eprintln!("berth: {e}");
+            // Not eprintln!, which panics when stderr cannot be written
+            // (a log file on a full disk): the exit code says it all then.
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "berth: {e}");
             e.code
         }
     };

@@ -100,7 +100,13 @@ pub fn model_views(model: &crate::store::verify::Model, parallel_queues: usize) 
         parallel_queues,
         model.queues.keys().cloned(),
         usize::MAX,
-        &|q| model.queues.get(q).cloned().unwrap_or_default(),
+        &|q| {
+            model
+                .queues
+                .get(q)
+                .map(|ids| ids.iter().copied().collect())
+                .unwrap_or_default()
+        },
         &|id| Ok(model.live.get(&id).cloned()),
         &|_| String::new(),
     )

@@ -693,3 +693,61 @@ fn opening_a_format_3_dir_moves_its_counters_to_their_tree() {
         );
     }
 }
+
+/// The pieces of the log's last record that are not whole (what a sled
+/// batch cut by a write error leaves: its commit was never acknowledged)
+/// are removed at open, with a warning, and the next commit takes its
+/// number; the same pieces before another record are a corrupt record,
+/// reported and kept.
+#[test]
+fn a_torn_last_record_is_removed_at_open_and_a_torn_one_before_others_is_reported() {
+    use berth::store::keys;
+    fn piece_key(seq: u64, i: u32) -> Vec<u8> {
+        let mut k = keys::id_key(keys::EVENT, seq).to_vec();
+        k.extend_from_slice(&i.to_be_bytes());
+        k
+    }
+    let dir = tempdir();
+    let clock = FakeClock::new(T0);
+    let ids: Vec<u64> = {
+        let s = open(dir.path(), &clock);
+        (0..3)
+            .map(|i| add(&s, "main", &format!("t{i}"), Placement::Last))
+            .collect()
+    };
+    let torn = |seq: u64| {
+        let db = sled::open(dir.path().join("db")).unwrap();
+        for i in [0u32, 2] {
+            db.insert(piece_key(seq, i), vec![7u8; 6144]).unwrap();
+        }
+        db.flush().unwrap();
+    };
+    // Events 1 to 3 are the three enqueues: pieces of event 4 on, last.
+    torn(4);
+    {
+        let s = open(dir.path(), &clock);
+        assert!(s.corrupt_records().is_empty(), "{:?}", s.corrupt_records());
+        assert_eq!(s.next_seq(), 4, "the torn record's number is free again");
+        assert_eq!(s.queue_ids("main"), ids);
+        add(&s, "main", "after", Placement::Last);
+        assert_eq!(s.next_seq(), 5);
+        assert_log_agrees(&s);
+    }
+    // Pieces of event 2 sit between whole records: corruption, which
+    // `verify` reports (open reads only the records after the applied mark).
+    torn(2);
+    let s = open(dir.path(), &clock);
+    let why = verify::verify(&s)
+        .expect_err("a corrupt record")
+        .to_string();
+    assert!(
+        why.contains("e/2") && why.contains("piece 2 where piece 1"),
+        "{why}"
+    );
+    drop(s);
+    let db = sled::open(dir.path().join("db")).unwrap();
+    assert!(
+        db.get(piece_key(2, 0)).unwrap().is_some(),
+        "kept, not removed"
+    );
+}

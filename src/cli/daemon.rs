@@ -185,6 +185,13 @@ fn serve_and_run(
         } else {
             engine.run()
         };
+        if r.is_err()
+            && let Some(why) = engine.store().failure()
+        {
+            // Not even the scope's end: a connection thread may be inside
+            // a sled flush that began before the failure and never returns.
+            exit_store_failed(&why);
+        }
         server.stop();
         drop(done);
         drop(retention_done);
@@ -193,22 +200,26 @@ fn serve_and_run(
         r
     })
     .map_err(|e| match engine.store().failure() {
-        // The store can no longer write (see store/health.rs): stop at once,
-        // with a code of our own, so that a supervisor restarts berth, which
-        // reopens (and so repairs) the data dir.
-        Some(why) => {
-            let n = berth::engine::command::kill_running();
-            log::error!(
-                "the store failed ({why}); stopping now (killed {n} running handler process \
-                 group(s)); the next start recovers the data dir"
-            );
-            CliError {
-                code: super::EXIT_STORE_FAILED,
-                message: format!("the store failed: {why}"),
-            }
-        }
+        Some(why) => exit_store_failed(&why),
         None => CliError::runtime(format!("the engine stopped: {e}")),
     })
+}
+
+/// The store can no longer write (see store/health.rs): the daemon stops at
+/// once, with a code of its own, so that a supervisor restarts berth, which
+/// reopens (and so repairs) the data dir. It kills its handlers and exits
+/// without waiting for any thread: after a sled error, a thread that was
+/// already inside sled (a flush, most often) may never come back. Nothing
+/// here can panic on a full disk (stderr may be a file on it).
+fn exit_store_failed(why: &str) -> ! {
+    use std::io::Write;
+    let n = berth::engine::command::kill_running();
+    log::error!(
+        "the store failed ({why}); stopping now (killed {n} running handler process \
+         group(s)); the next start recovers the data dir"
+    );
+    let _ = writeln!(std::io::stderr(), "berth: the store failed: {why}");
+    std::process::exit(super::EXIT_STORE_FAILED)
 }
 
 /// The daemon's retention thread (`retention.rs`): one pass at the start

@@ -571,7 +571,12 @@ impl Store {
     pub fn at_rest<R>(&self, f: impl FnOnce(&AtRest<'_>) -> R) -> Result<R, CorruptRecord> {
         let snap = self.snapshot()?;
         let view = AtRest {
-            queues: snap.model.queues.into_iter().collect(),
+            queues: snap
+                .model
+                .queues
+                .into_iter()
+                .map(|(q, ids)| (q, ids.into()))
+                .collect(),
             live: snap.model.live,
             history: snap.model.history,
             _store: std::marker::PhantomData,

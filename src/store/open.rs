@@ -359,7 +359,7 @@ fn reapply(
     corrupt: &mut Vec<CorruptRecord>,
 ) -> Result<Replayed, OpenError> {
     let tree = o.tree;
-    let last_record = records::last_seq(tree).map_err(|e| o.db(e))?.unwrap_or(0);
+    let mut last_record = records::last_seq(tree).map_err(|e| o.db(e))?.unwrap_or(0);
     let mark = match tree.get(keys::META_APPLIED).map_err(|e| o.db(e))? {
         Some(v) if format != keys::STORE_FORMAT_V1 => {
             codec::decode::<u64>(&v).unwrap_or_else(|e| {
@@ -373,10 +373,22 @@ fn reapply(
     };
     let (mut next_id, mut next_seq) = (1, 1);
     let from = (mark + 1).min(last_record.max(1));
+    // A record in pieces that do not make it whole, with no record after
+    // it (see below); one with a record after it is a corrupt record.
+    let mut torn: Option<(u64, Vec<sled::IVec>, CorruptRecord)> = None;
     for item in records::read(tree, from, u64::MAX) {
+        if let Some((_, _, c)) = torn.take() {
+            corrupt.push(c);
+        }
         let l = match item {
             Ok(l) => l,
-            Err(records::Unread::Corrupt(c)) => {
+            Err(records::Unread::Torn { seq, keys, record }) => {
+                // Never numbered again, whatever it held.
+                next_seq = seq + 1;
+                torn = Some((seq, keys, record));
+                continue;
+            }
+            Err(records::Unread::BadKey(c)) => {
                 corrupt.push(c);
                 continue;
             }
@@ -388,11 +400,36 @@ fn reapply(
                 next_id = rec.next_id;
                 next_seq = rec.events.last().map_or(1, |e| e.seq + 1);
             }
+            Err(e) if l.keys.len() > 1 => {
+                next_seq = l.seq + 1;
+                let record = CorruptRecord::new(&l.key(), e);
+                torn = Some((l.seq, l.keys, record));
+            }
             Err(e) => {
                 corrupt.push(CorruptRecord::new(&l.key(), e));
                 next_seq = l.seq + 1;
             }
         }
+    }
+    if let Some((seq, keys, why)) = torn {
+        // The log's last record, in pieces that are not whole: the sled
+        // batch that wrote them was cut by the error that stopped the store
+        // (sled 0.34 can keep part of a batch it failed to write), so its
+        // commit was never acknowledged. Its pieces go, and the next commit
+        // takes its number.
+        log::warn!(
+            "{}: the last commit record (event {seq} on) was cut by the failure that stopped \
+             the store and was never acknowledged; removing it ({})",
+            o.dir.display(),
+            why.reason
+        );
+        let mut batch = sled::Batch::default();
+        for k in keys {
+            batch.remove(k);
+        }
+        tree.apply_batch(batch).map_err(|e| o.db(e))?;
+        last_record = records::last_seq(tree).map_err(|e| o.db(e))?.unwrap_or(0);
+        next_seq = seq;
     }
 
     overlay::write_mark(tree, last_record).map_err(|e| o.db(e))?;

@@ -128,21 +128,27 @@ impl std::ops::Deref for Bytes {
     }
 }
 
-/// Why a record could not be read.
+/// Why a record could not be read (the rest of the range is still read).
 #[derive(Debug)]
 pub enum Unread {
     /// sled failed.
     Db(sled::Error),
-    /// The keys of a record are not whole or not in order (the rest of the
-    /// range is still read).
-    Corrupt(CorruptRecord),
+    /// A key in the `e` range that is no record's.
+    BadKey(CorruptRecord),
+    /// The pieces of the record of `seq` (under `keys`) are not whole: one
+    /// is missing or out of place.
+    Torn {
+        seq: u64,
+        keys: Vec<IVec>,
+        record: CorruptRecord,
+    },
 }
 
 impl Unread {
     pub fn corrupt(self) -> CorruptRecord {
         match self {
             Unread::Db(e) => CorruptRecord::new(&[EVENT], e),
-            Unread::Corrupt(c) => c,
+            Unread::BadKey(c) | Unread::Torn { record: c, .. } => c,
         }
     }
 }
@@ -175,7 +181,7 @@ impl<I: Iterator<Item = sled::Result<(IVec, IVec)>>> Iterator for Records<I> {
             Err(e) => return Some(Err(Unread::Db(e))),
         };
         let Some(seq) = key_seq(&k) else {
-            return Some(Err(Unread::Corrupt(CorruptRecord::new(
+            return Some(Err(Unread::BadKey(CorruptRecord::new(
                 &k,
                 "not a commit record key",
             ))));
@@ -209,8 +215,8 @@ impl<I: Iterator<Item = sled::Result<(IVec, IVec)>>> Iterator for Records<I> {
             }
         }
         if let Some(why) = bad {
-            let key = keys::id_key(EVENT, seq);
-            return Some(Err(Unread::Corrupt(CorruptRecord::new(&key, why))));
+            let record = CorruptRecord::new(&keys::id_key(EVENT, seq), why);
+            return Some(Err(Unread::Torn { seq, keys, record }));
         }
         Some(Ok(Logged {
             seq,
@@ -274,8 +280,17 @@ mod tests {
         let got: Vec<_> = read(&t, 0, u64::MAX).collect();
         assert_eq!(got.len(), 2);
         match &got[0] {
-            Err(Unread::Corrupt(c)) => {
-                assert!(c.reason.contains("piece 2 where piece 1"), "{}", c.reason)
+            Err(Unread::Torn {
+                seq: 1,
+                keys,
+                record,
+            }) => {
+                assert_eq!(keys.len(), 2, "the pieces there are");
+                assert!(
+                    record.reason.contains("piece 2 where piece 1"),
+                    "{}",
+                    record.reason
+                )
             }
             _ => panic!("a missing piece was not reported"),
         }

@@ -162,7 +162,7 @@ impl Store {
         for item in records::read(&self.trees.main, 0, upto) {
             let l = item.map_err(|e| match e {
                 records::Unread::Db(e) => WriteError::Database(e),
-                records::Unread::Corrupt(c) => WriteError::Corrupt(c),
+                other => WriteError::Corrupt(other.corrupt()),
             })?;
             if l.seq >= mark || Some(l.seq) == last {
                 break;
@@ -226,7 +226,7 @@ fn model_from_keys(state: BTreeMap<Vec<u8>, Vec<u8>>) -> Result<Model, CorruptRe
                     .ok_or_else(|| CorruptRecord::new(&k, "not a queue position key"))?;
                 let id: u64 = codec::decode(&v).map_err(corrupt)?;
                 // Keys come in order: by queue, then by position.
-                m.queues.entry(queue).or_default().push(id);
+                m.queues.entry(queue).or_default().push_back(id);
             }
             Some(&ATTEMPT) => {
                 let at = keys::parse_attempt_key(&k)

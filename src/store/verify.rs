@@ -6,7 +6,7 @@
 //! oldest beyond the last `KEEP_ATTEMPTS`, `Removed` drops a task's) and
 //! compared whole with the `o` keys.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use crate::store::Store;
 use crate::store::attempts::{self, AttemptLog};
@@ -21,8 +21,9 @@ use crate::task::Task;
 pub struct Model {
     pub live: BTreeMap<u64, Task>,
     pub history: BTreeMap<u64, Task>,
-    /// Non-empty queues, head first.
-    pub queues: BTreeMap<String, Vec<u64>>,
+    /// Non-empty queues, head first. (Change them only through events once
+    /// one was applied: `index` follows them from then on.)
+    pub queues: BTreeMap<String, VecDeque<u64>>,
     /// Attempt logs, by task id and attempt number (the last
     /// `KEEP_ATTEMPTS` of each task).
     pub attempts: BTreeMap<(u64, u32), AttemptLog>,
@@ -32,6 +33,33 @@ pub struct Model {
     pub counts: Counts,
     /// The first event counted (0 or 1: all).
     pub count_from: u64,
+    /// Which queue each queued task is in (not part of the model's value).
+    pub index: QueueIndex,
+}
+
+/// The model's index of `queues` by task id, built from them when the
+/// first event is applied and kept by every change after, so that finding a
+/// task's queue position costs O(1), not a look through every queue (a
+/// replay of a million queued tasks would otherwise take hours). It is not
+/// part of the model's value: two models are equal whatever their indexes.
+#[derive(Clone, Default)]
+pub struct QueueIndex {
+    built: bool,
+    of: HashMap<u64, String>,
+}
+
+impl PartialEq for QueueIndex {
+    fn eq(&self, _: &QueueIndex) -> bool {
+        true
+    }
+}
+
+impl Eq for QueueIndex {}
+
+impl std::fmt::Debug for QueueIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "QueueIndex({} queued)", self.of.len())
+    }
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -74,10 +102,10 @@ pub enum ReplayError {
 }
 
 /// Where a placement puts a task in `queue`, or the anchor it lacks.
-fn position(queue: Option<&Vec<u64>>, p: Placement) -> Result<usize, u64> {
+fn position(queue: Option<&VecDeque<u64>>, p: Placement) -> Result<usize, u64> {
     let find = |a: u64| queue.and_then(|q| q.iter().position(|x| *x == a)).ok_or(a);
     Ok(match p {
-        Placement::Last => queue.map_or(0, Vec::len),
+        Placement::Last => queue.map_or(0, VecDeque::len),
         Placement::First => 0,
         Placement::After(a) => find(a)? + 1,
         Placement::Before(b) => find(b)?,
@@ -86,7 +114,19 @@ fn position(queue: Option<&Vec<u64>>, p: Placement) -> Result<usize, u64> {
 
 impl Model {
     fn queued(&self, id: u64) -> bool {
-        self.queues.values().any(|q| q.contains(&id))
+        self.index.of.contains_key(&id)
+    }
+
+    /// Builds the index from `queues` the first time.
+    fn index_queues(&mut self) {
+        if !self.index.built {
+            self.index.of = self
+                .queues
+                .iter()
+                .flat_map(|(q, ids)| ids.iter().map(move |id| (*id, q.clone())))
+                .collect();
+            self.index.built = true;
+        }
     }
 
     /// Why live task `t` cannot expire at `at`, if it cannot: the rule of
@@ -125,11 +165,27 @@ impl Model {
         None
     }
 
+    /// Takes `id` out of its queue (a head in O(1)).
     fn unqueue(&mut self, id: u64) {
-        self.queues.retain(|_, q| {
-            q.retain(|x| *x != id);
-            !q.is_empty()
-        });
+        let Some(name) = self.index.of.remove(&id) else {
+            return;
+        };
+        let Some(q) = self.queues.get_mut(&name) else {
+            return;
+        };
+        let at = if q.front() == Some(&id) {
+            Some(0)
+        } else if q.back() == Some(&id) {
+            Some(q.len() - 1)
+        } else {
+            q.iter().position(|x| *x == id)
+        };
+        if let Some(at) = at {
+            q.remove(at);
+        }
+        if q.is_empty() {
+            self.queues.remove(&name);
+        }
     }
 
     fn insert(&mut self, queue: &str, id: u64, at: usize) {
@@ -137,6 +193,7 @@ impl Model {
             .entry(queue.to_string())
             .or_default()
             .insert(at, id);
+        self.index.of.insert(id, queue.to_string());
     }
 
     /// Applies one event. An event the model refuses leaves it as it was,
@@ -152,6 +209,7 @@ impl Model {
             });
         }
         let seq = ev.seq;
+        self.index_queues();
         self.apply_kind(ev)?;
         self.last_seq = seq;
         Ok(())
@@ -220,7 +278,7 @@ impl Model {
                 if !self.live.contains_key(&id) {
                     return Err(unknown());
                 }
-                if let Some((q, _)) = self.queues.iter().find(|(_, ids)| ids.contains(&id)) {
+                if let Some(q) = self.index.of.get(&id) {
                     return Err(ReplayError::AlreadyQueued {
                         seq: ev.seq,
                         id,
@@ -338,7 +396,7 @@ pub fn current(store: &Store) -> Result<Model, CorruptRecord> {
         m.history.insert(t.id, t);
     }
     for (q, _) in store.queues() {
-        m.queues.insert(q.clone(), store.queue_ids(&q));
+        m.queues.insert(q.clone(), store.queue_ids(&q).into());
     }
     for a in store.all_attempts() {
         let (at, log) = a?;
@@ -459,5 +517,74 @@ fn diff_maps(
         if !log.contains_key(id) {
             diffs.push(format!("{what} {id} is in the state but not in the log"));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::task::{Status, TaskSpec};
+
+    fn task(id: u64, queue: &str) -> Task {
+        let spec = TaskSpec {
+            queue: queue.into(),
+            kind: "K".into(),
+            name: format!("t{id}"),
+            ..Default::default()
+        };
+        let mut t = spec
+            .into_task(1, &crate::budget::Budget::default())
+            .expect("task");
+        t.id = id;
+        t
+    }
+
+    fn ev(seq: u64, kind: EventKind) -> Event {
+        Event { seq, at: 10, kind }
+    }
+
+    /// A model whose queues were filled by hand (as a checkpoint's are)
+    /// indexes them at its first event: heads leave their queue, a task
+    /// already queued cannot be placed again, and an emptied queue goes.
+    #[test]
+    fn queues_filled_by_hand_are_indexed_at_the_first_event() {
+        let mut m = Model::default();
+        for id in 1..=3 {
+            m.live.insert(id, task(id, "a"));
+        }
+        m.live.insert(4, task(4, "b"));
+        m.queues.insert("a".into(), VecDeque::from(vec![1, 2, 3]));
+        m.queues.insert("b".into(), VecDeque::from(vec![4]));
+        m.last_seq = 9;
+        let placed_again = ev(
+            10,
+            EventKind::Placed {
+                id: 3,
+                queue: "b".into(),
+                placement: Placement::Last,
+            },
+        );
+        let before = m.clone();
+        match m.apply(placed_again) {
+            Err(ReplayError::AlreadyQueued { id: 3, queue, .. }) => assert_eq!(queue, "a"),
+            other => panic!("placing a queued task again: {other:?}"),
+        }
+        assert_eq!(m, before, "a refused event changes nothing");
+        let done = |seq, id| {
+            ev(
+                seq,
+                EventKind::MovedToHistory {
+                    id,
+                    status: Status::Succeeded,
+                },
+            )
+        };
+        m.apply(done(10, 1)).expect("the head of a");
+        m.apply(done(11, 3)).expect("the tail of a");
+        m.apply(done(12, 4)).expect("the only task of b");
+        assert_eq!(m.queues.get("a"), Some(&VecDeque::from(vec![2])));
+        assert!(!m.queues.contains_key("b"), "an empty queue goes");
+        // Task 4 is finished now: it can be neither placed nor found queued.
+        assert!(!m.queued(4) && m.queued(2));
     }
 }

@@ -19,8 +19,9 @@ pub struct Daemon {
 
 impl Daemon {
     /// Starts `berth run --config CONFIG` (with `extra` arguments) on the data
-    /// dir `dir`, logging to `DIR/../daemon-N.log`; waits until its socket
-    /// answers.
+    /// dir `dir`, logging to `CONFIG/../daemon-N.log` (beside the config, not
+    /// the data dir, which a test may put on a filesystem it fills); waits
+    /// until its socket answers.
     pub fn start(config: &Path, dir: &Path, extra: &[&str]) -> Daemon {
         Daemon::start_with(config, dir, extra, |_| {})
     }
@@ -61,7 +62,7 @@ impl Daemon {
         extra: &[&str],
         setup: impl FnOnce(&mut Command),
     ) -> Daemon {
-        let parent = dir.parent().unwrap_or(dir);
+        let parent = config.parent().unwrap_or(dir);
         let log = (0..)
             .map(|n| parent.join(format!("daemon-{n}.log")))
             .find(|p| !p.exists())
