@@ -13,7 +13,7 @@ mod disk;
 #[path = "log/replay.rs"]
 mod replay;
 
-/// The allocator the `berth` binary uses, tuned as it is (`berth::alloc`).
+/// The allocator the `berth` binary uses (tuned, below, only for what a daemon does: `berth::alloc`).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -157,16 +157,18 @@ fn archive_ratios(want: &dyn Fn(&str) -> bool) {
 }
 
 fn main() {
-    berth::alloc::tune();
     // `cargo bench` passes `--bench`; a non-flag argument selects the
     // figures whose names contain it.
     let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
     let want = |name: &str| filter.as_deref().is_none_or(|f| name.contains(f));
+    // The allocator as the commands have it (`export`, `import`, `replay`)...
     export_import(&want);
     archive_ratios(&want);
     if want("replay_") {
         replay::run();
     }
+    // ... and as `berth run` tunes it, for what a daemon does.
+    berth::alloc::tune();
     if want("checkpoint_") {
         disk::checkpoint();
     }

@@ -3,14 +3,13 @@
 
 mod cli;
 
-/// mimalloc, tuned by `berth::alloc::tune` (see there why).
+/// mimalloc (`berth run` tunes it with `berth::alloc::tune`: see there why).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use clap::{CommandFactory, FromArgMatches, parser::ValueSource};
 
 fn main() {
-    berth::alloc::tune();
     // First, while no other thread exists (see notify::take_env).
     cli::notify::take_env();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))

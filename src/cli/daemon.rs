@@ -28,6 +28,8 @@ use super::{CliError, read_file};
 /// Runs the daemon with the session's config, on the session's data dir
 /// (`--data-dir` or `BERTH_DATA_DIR` overrides the config's `data_dir`).
 pub fn run(a: RunArgs, s: &Session) -> Result<(), CliError> {
+    // A daemon gives freed memory back at once (see `berth::alloc`).
+    berth::alloc::tune();
     let mut config = s
         .config
         .clone()
