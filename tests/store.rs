@@ -751,3 +751,81 @@ fn a_torn_last_record_is_removed_at_open_and_a_torn_one_before_others_is_reporte
         "kept, not removed"
     );
 }
+
+/// A group parent's children list is stored once under `g` ‖ its id and
+/// its record carries the marker `[0]`; a parent stored whole (as builds
+/// before format 5 did) reads back the same and is stored apart at its
+/// next change; removing the group removes the list.
+#[test]
+fn a_parents_children_are_stored_once_apart_and_go_with_it() {
+    use berth::store::keys;
+    let dir = tempdir();
+    let clock = FakeClock::new(T0);
+    let g_key = |id: u64| keys::id_key(b'g', id);
+    let specs: Vec<_> = (0..5)
+        .map(|i| berth::task::TaskSpec {
+            weight: Some(1),
+            ..spec("main", &format!("c{i}"))
+        })
+        .collect();
+    let (parent, children) = {
+        let s = open(dir.path(), &clock);
+        let ids = submit::enqueue_batch(&s, specs).unwrap();
+        let parent = ids
+            .iter()
+            .copied()
+            .find(|id| !s.task(*id).unwrap().unwrap().children.is_empty())
+            .expect("a group parent");
+        let children = s.task(parent).unwrap().unwrap().children;
+        assert_eq!(children.len(), 5);
+        for c in &children {
+            assert_eq!(s.task(*c).unwrap().unwrap().parent, Some(parent));
+        }
+        (parent, children)
+    };
+    let stored = |db: &sled::Db| -> berth::task::Task {
+        berth::codec::decode(&db.get(keys::id_key(keys::TASK, parent)).unwrap().unwrap()).unwrap()
+    };
+    {
+        let db = sled::open(dir.path().join("db")).unwrap();
+        assert_eq!(stored(&db).children, vec![0], "the record has the marker");
+        let list: Vec<u64> =
+            berth::codec::decode(&db.get(g_key(parent)).unwrap().unwrap()).unwrap();
+        assert_eq!(list, children);
+        // As a format-4 build stored it: whole, and no `g` key.
+        let mut whole = stored(&db);
+        whole.children = children.clone();
+        db.insert(
+            keys::id_key(keys::TASK, parent),
+            berth::codec::encode(&whole),
+        )
+        .unwrap();
+        db.remove(g_key(parent)).unwrap();
+        db.flush().unwrap();
+    }
+    {
+        let s = open(dir.path(), &clock);
+        assert_eq!(s.task(parent).unwrap().unwrap().children, children);
+        let mut w = s.write();
+        w.update_group(parent, "renamed".into(), 0, None).unwrap();
+        w.commit().unwrap();
+        assert_log_agrees(&s);
+    }
+    {
+        let db = sled::open(dir.path().join("db")).unwrap();
+        assert_eq!(stored(&db).children, vec![0], "stored apart at its change");
+        assert!(db.get(g_key(parent)).unwrap().is_some());
+    }
+    let s = open(dir.path(), &clock);
+    assert_eq!(s.task(parent).unwrap().unwrap().children, children);
+    let mut w = s.write();
+    w.remove(parent).unwrap();
+    w.commit().unwrap();
+    assert_log_agrees(&s);
+    drop(s);
+    let db = sled::open(dir.path().join("db")).unwrap();
+    assert!(
+        db.get(g_key(parent)).unwrap().is_none(),
+        "the list went with the group"
+    );
+}

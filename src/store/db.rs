@@ -12,6 +12,7 @@ use crate::budget::Budget;
 use crate::clock::SharedClock;
 use crate::codec;
 use crate::store::attempts::AttemptLog;
+use crate::store::children;
 use crate::store::counters::Counting;
 use crate::store::deadlines::Deadlines;
 use crate::store::durability::{Durability, GroupCommit};
@@ -310,12 +311,34 @@ impl Store {
 
     /// A live task (queued or running, or a group child waiting for its parent).
     pub fn live_task(&self, id: u64) -> Result<Option<Task>, ReadError> {
-        self.read_record(&keys::id_key(TASK, id))
+        self.read_task(&keys::id_key(TASK, id))
     }
 
     /// A task from the history.
     pub fn history_task(&self, id: u64) -> Result<Option<Task>, ReadError> {
-        self.read_record(&keys::id_key(HISTORY, id))
+        self.read_task(&keys::id_key(HISTORY, id))
+    }
+
+    fn read_task(&self, key: &[u8]) -> Result<Option<Task>, ReadError> {
+        match self.get_raw(key)? {
+            None => Ok(None),
+            Some(v) => self
+                .task_from(key, &v)
+                .map(Some)
+                .map_err(ReadError::Corrupt),
+        }
+    }
+
+    /// A task from its stored bytes, its children list joined (`children`).
+    fn task_from(&self, key: &[u8], v: &[u8]) -> Result<Task, CorruptRecord> {
+        let mut t: Task = codec::decode(v).map_err(|e| CorruptRecord::new(key, e))?;
+        children::join(&mut t, |k| {
+            self.get_raw(k)
+                .map(|v| v.map(|v| v.to_vec()))
+                .map_err(|e| e.to_string())
+        })
+        .map_err(|e| CorruptRecord::new(key, e))?;
+        Ok(t)
     }
 
     /// A task, live or from the history.
@@ -328,18 +351,18 @@ impl Store {
 
     /// Every live task, by id, corrupt ones as errors.
     pub fn live_tasks(&self) -> Vec<Result<Task, CorruptRecord>> {
-        self.scan(TASK)
+        self.scan_tasks(TASK)
     }
 
     /// Every finished task in the history, by id.
     pub fn history(&self) -> Vec<Result<Task, CorruptRecord>> {
-        self.scan(HISTORY)
+        self.scan_tasks(HISTORY)
     }
 
-    fn scan<T: crate::codec::Record>(&self, prefix: u8) -> Vec<Result<T, CorruptRecord>> {
-        self.scan_keyed(&[prefix])
+    fn scan_tasks(&self, prefix: u8) -> Vec<Result<Task, CorruptRecord>> {
+        self.scan_raw(&[prefix])
             .into_iter()
-            .map(|(_, v)| v)
+            .map(|(k, v)| v.and_then(|v| self.task_from(&k, &v)))
             .collect()
     }
 

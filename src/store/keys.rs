@@ -13,6 +13,7 @@
 //! | `q` queue-name 0x00 position:i64(*)   | task id:u64           |
 //! | `o` id:u64 attempt:u32                | attempt log           |
 //! | `c` kind (tree `counters`)            | that kind's counters  |
+//! | `g` parent id:u64                     | its children's ids (`children`) |
 //!
 //! (*) positions are stored with the sign bit flipped so that negative
 //! positions sort before positive ones.
@@ -32,6 +33,8 @@ pub const ATTEMPT: u8 = b'o';
 /// Counters per task kind (see `counters`). These keys live in a sled tree
 /// of their own, [`COUNTERS_TREE`] (see `overlay::Trees`).
 pub const COUNTER: u8 = b'c';
+/// A group parent's children list (`children`), written once.
+pub const CHILDREN: u8 = b'g';
 /// The sled tree of the `c` keys (format 4 on; before, they were in the
 /// default tree, and opening moves them).
 pub const COUNTERS_TREE: &[u8] = b"counters";
@@ -57,9 +60,11 @@ pub const META_NODE: &[u8] = b"mnode";
 
 /// The on-disk layout version (the key layout above; the record framing has its own byte).
 /// 5: a commit record over `records::CHUNK` bytes is stored in pieces
-/// under `e` ‖ seq ‖ piece:u32 (see `records`), which a format-4 build
-/// would misread. Opening upgrades a format-4 dir by writing this number:
-/// its records are all whole, as format 5 may also store them.
+/// under `e` ‖ seq ‖ piece:u32 (see `records`), and a group parent's
+/// children under `g` ‖ id (see `children`); a format-4 build would
+/// misread both. Opening upgrades a format-4 dir by writing this number:
+/// its records are all whole and its parents hold their lists, which
+/// format 5 reads as they are.
 pub const STORE_FORMAT: u64 = 5;
 /// 4: the `c` keys are in their own tree (`COUNTERS_TREE`); a format-3
 /// build would not see them. Opening upgrades a format-3 (or older) dir by
@@ -159,7 +164,7 @@ pub fn parse_queue_key_ref(key: &[u8]) -> Option<(&str, i64)> {
 
 pub fn key_display(key: &[u8]) -> String {
     match key.first() {
-        Some(&p @ (TASK | HISTORY | EVENT)) if key.len() == 9 => {
+        Some(&p @ (TASK | HISTORY | EVENT | CHILDREN)) if key.len() == 9 => {
             format!("{}/{}", p as char, parse_id_key(key).unwrap_or(0))
         }
         Some(&ATTEMPT) => match parse_attempt_key(key) {

@@ -3,6 +3,7 @@
 //! It knows nothing of handlers or the engine.
 
 pub mod attempts;
+mod children;
 pub mod counters;
 mod db;
 pub mod deadlines;

@@ -17,11 +17,12 @@ use std::collections::BTreeMap;
 
 use crate::codec;
 use crate::store::attempts::AttemptLog;
+use crate::store::children;
 use crate::store::counters::KindCounts;
 use crate::store::db::Store;
 use crate::store::error::CorruptRecord;
 use crate::store::event::CommitRecord;
-use crate::store::keys::{self, ATTEMPT, COUNTER, EVENT, HISTORY, QUEUE, TASK};
+use crate::store::keys::{self, ATTEMPT, CHILDREN, COUNTER, EVENT, HISTORY, QUEUE, TASK};
 use crate::store::records;
 use crate::store::verify::Model;
 use crate::task::Task;
@@ -46,7 +47,7 @@ pub struct LogRecord {
 }
 
 /// The prefixes of the keys that hold the state (not the log, not meta).
-const STATE: [u8; 5] = [TASK, HISTORY, QUEUE, ATTEMPT, COUNTER];
+const STATE: [u8; 6] = [TASK, HISTORY, QUEUE, ATTEMPT, COUNTER, CHILDREN];
 
 impl Store {
     /// The state after the last committed event, read while commits go on
@@ -210,11 +211,13 @@ impl Store {
 /// The model of a set of state keys (see [`keys`]).
 fn model_from_keys(state: BTreeMap<Vec<u8>, Vec<u8>>) -> Result<Model, CorruptRecord> {
     let mut m = Model::default();
-    for (k, v) in state {
-        let corrupt = |e: codec::CodecError| CorruptRecord::new(&k, e);
+    for (k, v) in &state {
+        let corrupt = |e: codec::CodecError| CorruptRecord::new(k, e);
         match k.first() {
             Some(&TASK) | Some(&HISTORY) => {
-                let t: Task = codec::decode(&v).map_err(corrupt)?;
+                let mut t: Task = codec::decode(v).map_err(corrupt)?;
+                children::join(&mut t, |g| Ok(state.get(g).cloned()))
+                    .map_err(|e| CorruptRecord::new(k, e))?;
                 if k[0] == TASK {
                     m.live.insert(t.id, t);
                 } else {
@@ -222,21 +225,21 @@ fn model_from_keys(state: BTreeMap<Vec<u8>, Vec<u8>>) -> Result<Model, CorruptRe
                 }
             }
             Some(&QUEUE) => {
-                let (queue, _) = keys::parse_queue_key(&k)
-                    .ok_or_else(|| CorruptRecord::new(&k, "not a queue position key"))?;
-                let id: u64 = codec::decode(&v).map_err(corrupt)?;
+                let (queue, _) = keys::parse_queue_key(k)
+                    .ok_or_else(|| CorruptRecord::new(k, "not a queue position key"))?;
+                let id: u64 = codec::decode(v).map_err(corrupt)?;
                 // Keys come in order: by queue, then by position.
                 m.queues.entry(queue).or_default().push_back(id);
             }
             Some(&ATTEMPT) => {
-                let at = keys::parse_attempt_key(&k)
-                    .ok_or_else(|| CorruptRecord::new(&k, "not an attempt key"))?;
-                let log: AttemptLog = codec::decode(&v).map_err(corrupt)?;
+                let at = keys::parse_attempt_key(k)
+                    .ok_or_else(|| CorruptRecord::new(k, "not an attempt key"))?;
+                let log: AttemptLog = codec::decode(v).map_err(corrupt)?;
                 m.attempts.insert(at, log);
             }
             Some(&COUNTER) => {
                 let kind = String::from_utf8_lossy(&k[1..]).into_owned();
-                let c: KindCounts = codec::decode(&v).map_err(corrupt)?;
+                let c: KindCounts = codec::decode(v).map_err(corrupt)?;
                 m.counts.insert(kind, c);
             }
             _ => {}

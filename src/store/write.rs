@@ -23,6 +23,7 @@ use std::sync::MutexGuard;
 use crate::budget::Blob;
 use crate::codec;
 use crate::store::attempts::{self, AttemptLog};
+use crate::store::children;
 use crate::store::counters::{self, KindCounts};
 use crate::store::db::{Inner, Store};
 use crate::store::error::{CorruptRecord, WriteError};
@@ -49,6 +50,11 @@ struct Slot {
     home: Home,
     /// Changed by this transaction; commit writes only changed slots.
     dirty: bool,
+    /// The task has children, and their list is under its `g` key already
+    /// (see `children`): read so, or written once by this transaction.
+    children_kept: bool,
+    /// The task had children (a removed one's `g` key goes too).
+    had_children: bool,
 }
 
 /// What a commit did.
@@ -153,13 +159,14 @@ impl<'s> WriteTxn<'s> {
 
     fn slot(&mut self, id: u64) -> Result<&mut Slot, WriteError> {
         if !self.slots.contains_key(&id) {
-            let (home, task) = match self.read(TASK, id)? {
+            let (home, (task, kept)) = match self.read(TASK, id)? {
                 Some(t) => (Home::Live, t),
                 None => match self.read(HISTORY, id)? {
                     Some(t) => (Home::History, t),
                     None => return Err(WriteError::NoSuchTask(id)),
                 },
             };
+            let had_children = !task.children.is_empty();
             self.slots.insert(
                 id,
                 Slot {
@@ -167,6 +174,8 @@ impl<'s> WriteTxn<'s> {
                     task: Some(task),
                     home,
                     dirty: false,
+                    children_kept: kept,
+                    had_children,
                 },
             );
         }
@@ -176,13 +185,24 @@ impl<'s> WriteTxn<'s> {
         }
     }
 
-    fn read(&self, prefix: u8, id: u64) -> Result<Option<Task>, WriteError> {
+    /// A stored task, its children list joined; and whether that list is
+    /// under its `g` key.
+    fn read(&self, prefix: u8, id: u64) -> Result<Option<(Task, bool)>, WriteError> {
         let key = keys::id_key(prefix, id);
         match self.store.get_raw(&key)? {
             None => Ok(None),
-            Some(v) => codec::decode(&v)
-                .map(Some)
-                .map_err(|e| WriteError::Corrupt(CorruptRecord::new(&key, e))),
+            Some(v) => {
+                let corrupt = |e: String| WriteError::Corrupt(CorruptRecord::new(&key, e));
+                let mut t: Task = codec::decode(&v).map_err(|e| corrupt(e.to_string()))?;
+                let kept = children::join(&mut t, |k| {
+                    self.store
+                        .get_raw(k)
+                        .map(|v| v.map(|v| v.to_vec()))
+                        .map_err(|e| e.to_string())
+                })
+                .map_err(corrupt)?;
+                Ok(Some((t, kept)))
+            }
         }
     }
 
@@ -340,9 +360,11 @@ impl<'s> WriteTxn<'s> {
             id,
             Slot {
                 origin: Home::New,
+                had_children: !task.children.is_empty(),
                 task: Some(task.clone()),
                 home: Home::Live,
                 dirty: true,
+                children_kept: false,
             },
         );
         self.push_event(EventKind::Enqueued {
@@ -439,8 +461,8 @@ impl<'s> WriteTxn<'s> {
             return Ok(slot.task.clone());
         }
         match self.read(TASK, id)? {
-            Some(t) => Ok(Some(t)),
-            None => self.read(HISTORY, id),
+            Some((t, _)) => Ok(Some(t)),
+            None => Ok(self.read(HISTORY, id)?.map(|(t, _)| t)),
         }
     }
 
@@ -801,7 +823,19 @@ impl<'s> WriteTxn<'s> {
             if let (Some(k), Some(task)) = (target_key, &slot.task) {
                 writes.push(KeyWrite {
                     key: k.to_vec(),
-                    value: Some(codec::encode(task)),
+                    value: Some(children::record_bytes(task)),
+                });
+                if !task.children.is_empty() && !slot.children_kept {
+                    writes.push(KeyWrite {
+                        key: children::key(*id).to_vec(),
+                        value: Some(children::list_bytes(task)),
+                    });
+                }
+            }
+            if slot.task.is_none() && slot.had_children && origin_key.is_some() {
+                writes.push(KeyWrite {
+                    key: children::key(*id).to_vec(),
+                    value: None,
                 });
             }
         }
