@@ -92,6 +92,10 @@ pub(crate) struct Inner {
     pub deadlines: Option<Deadlines>,
     /// The progress views of live groups (see `write/group_views.rs`).
     pub groups: std::collections::HashMap<u64, crate::groups::GroupView>,
+    /// The children lists of live group parents that transactions read
+    /// (stored apart, see `children`): a list never changes, so a parent
+    /// read at every step of its group decodes it once.
+    pub children: std::collections::HashMap<u64, Vec<u64>>,
 }
 
 pub struct Store {

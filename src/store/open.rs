@@ -705,6 +705,7 @@ impl Store {
                 counting,
                 deadlines: None,
                 groups: Default::default(),
+                children: Default::default(),
             }),
             commit,
             clock,

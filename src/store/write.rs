@@ -185,25 +185,32 @@ impl<'s> WriteTxn<'s> {
         }
     }
 
-    /// A stored task, its children list joined; and whether that list is
-    /// under its `g` key.
-    fn read(&self, prefix: u8, id: u64) -> Result<Option<(Task, bool)>, WriteError> {
+    /// A stored task, its children list joined (from the store's cache of
+    /// the lists, or its `g` key); and whether that list is under its `g` key.
+    fn read(&mut self, prefix: u8, id: u64) -> Result<Option<(Task, bool)>, WriteError> {
         let key = keys::id_key(prefix, id);
-        match self.store.get_raw(&key)? {
-            None => Ok(None),
-            Some(v) => {
-                let corrupt = |e: String| WriteError::Corrupt(CorruptRecord::new(&key, e));
-                let mut t: Task = codec::decode(&v).map_err(|e| corrupt(e.to_string()))?;
-                let kept = children::join(&mut t, |k| {
-                    self.store
-                        .get_raw(k)
-                        .map(|v| v.map(|v| v.to_vec()))
-                        .map_err(|e| e.to_string())
-                })
-                .map_err(corrupt)?;
-                Ok(Some((t, kept)))
-            }
+        let Some(v) = self.store.get_raw(&key)? else {
+            return Ok(None);
+        };
+        let corrupt = |e: String| WriteError::Corrupt(CorruptRecord::new(&key, e));
+        let mut t: Task = codec::decode(&v).map_err(|e| corrupt(e.to_string()))?;
+        if !children::is_apart(&t) {
+            return Ok(Some((t, false)));
         }
+        if let Some(list) = self.inner().children.get(&id) {
+            t.children = list.clone();
+            return Ok(Some((t, true)));
+        }
+        let store = self.store;
+        children::join(&mut t, |k| {
+            store
+                .get_raw(k)
+                .map(|v| v.map(|v| v.to_vec()))
+                .map_err(|e| e.to_string())
+        })
+        .map_err(corrupt)?;
+        self.inner().children.insert(id, t.children.clone());
+        Ok(Some((t, true)))
     }
 
     /// The task as this transaction sees it.
@@ -925,6 +932,16 @@ impl<'s> WriteTxn<'s> {
         let events = record.events.len();
         let ticket = self.store.append(first_seq, bytes, record.writes)?;
         self.settle_groups(record.events.iter().map(|e| e.kind.task_id()));
+        // A parent that left the live tasks is not read at every step any more.
+        let gone: Vec<u64> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| s.had_children && (s.task.is_none() || s.home == Home::History))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in gone {
+            self.inner().children.remove(&id);
+        }
         let receipt = Receipt {
             last_seq: self.next_seq - 1,
             events,
