@@ -18,7 +18,7 @@ use crate::store::deadlines::Deadlines;
 use crate::store::durability::{Durability, GroupCommit};
 use crate::store::error::WriteError;
 use crate::store::error::{CorruptRecord, ReadError};
-use crate::store::event::{CommitRecord, Event, KeyWrite};
+use crate::store::event::{Event, KeyWrite};
 use crate::store::files::DbFiles;
 use crate::store::health::{self, Failed, SpaceError};
 use crate::store::keys::{self, EVENT, HISTORY, TASK};
@@ -336,13 +336,19 @@ impl Store {
     /// A task from its stored bytes, its children list joined (`children`).
     fn task_from(&self, key: &[u8], v: &[u8]) -> Result<Task, CorruptRecord> {
         let mut t: Task = codec::decode(v).map_err(|e| CorruptRecord::new(key, e))?;
-        children::join(&mut t, |k| {
+        self.join_children(&mut t)
+            .map_err(|e| CorruptRecord::new(key, e))?;
+        Ok(t)
+    }
+
+    /// Puts a stored parent's children list back from its `g` key (as
+    /// `children::join`); whether it was there.
+    pub(crate) fn join_children(&self, t: &mut Task) -> Result<bool, String> {
+        children::join(t, |k| {
             self.get_raw(k)
                 .map(|v| v.map(|v| v.to_vec()))
                 .map_err(|e| e.to_string())
         })
-        .map_err(|e| CorruptRecord::new(key, e))?;
-        Ok(t)
     }
 
     /// A task, live or from the history.
@@ -481,9 +487,9 @@ impl Store {
         // are counted.
         let last = self.next_seq().saturating_sub(1);
         records::read(&self.trees.main, start, last).flat_map(move |item| {
-            let decoded = item.map_err(records::Unread::corrupt).and_then(|l| {
-                codec::decode::<CommitRecord>(&l.bytes).map_err(|e| CorruptRecord::new(&l.key(), e))
-            });
+            let decoded = item
+                .map_err(records::Unread::corrupt)
+                .and_then(|l| l.record());
             let items: Vec<Result<Event, CorruptRecord>> = match decoded {
                 Ok(rec) => rec
                     .events

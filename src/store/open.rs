@@ -33,7 +33,7 @@ use crate::store::db::{Inner, Options, Store};
 use crate::store::deadlines::Deadlines;
 use crate::store::durability::{Durability, GroupCommit};
 use crate::store::error::{CorruptRecord, OpenError, WriteError};
-use crate::store::event::{CommitRecord, INTERRUPTED};
+use crate::store::event::INTERRUPTED;
 use crate::store::files::{self, DbFiles};
 use crate::store::health::Failed;
 use crate::store::keys::{self, COUNTER, HISTORY, QUEUE, TASK};
@@ -394,19 +394,18 @@ fn reapply(
             }
             Err(records::Unread::Db(e)) => return Err(o.db(e)),
         };
-        match codec::decode::<CommitRecord>(&l.bytes) {
+        match l.record() {
             Ok(rec) => {
                 o.trees.apply_writes(&rec.writes).map_err(|e| o.db(e))?;
                 next_id = rec.next_id;
                 next_seq = rec.events.last().map_or(1, |e| e.seq + 1);
             }
-            Err(e) if l.keys.len() > 1 => {
+            Err(record) if l.keys.len() > 1 => {
                 next_seq = l.seq + 1;
-                let record = CorruptRecord::new(&l.key(), e);
                 torn = Some((l.seq, l.keys, record));
             }
-            Err(e) => {
-                corrupt.push(CorruptRecord::new(&l.key(), e));
+            Err(record) => {
+                corrupt.push(record);
                 next_seq = l.seq + 1;
             }
         }

@@ -24,6 +24,7 @@ use std::ops::Bound;
 use sled::IVec;
 
 use crate::store::error::CorruptRecord;
+use crate::store::event::CommitRecord;
 use crate::store::keys::{self, EVENT};
 
 /// The largest piece of a commit record under one key (and the largest
@@ -109,6 +110,11 @@ impl Logged {
     /// The key that names the record (in errors).
     pub fn key(&self) -> Vec<u8> {
         keys::id_key(EVENT, self.seq).to_vec()
+    }
+
+    /// The commit record, decoded (a corrupt one names its key).
+    pub fn record(&self) -> Result<CommitRecord, CorruptRecord> {
+        crate::codec::decode(&self.bytes).map_err(|e| CorruptRecord::new(&self.key(), e))
     }
 }
 

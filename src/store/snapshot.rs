@@ -21,7 +21,6 @@ use crate::store::children;
 use crate::store::counters::KindCounts;
 use crate::store::db::Store;
 use crate::store::error::CorruptRecord;
-use crate::store::event::CommitRecord;
 use crate::store::keys::{self, ATTEMPT, CHILDREN, COUNTER, EVENT, HISTORY, QUEUE, TASK};
 use crate::store::records;
 use crate::store::verify::Model;
@@ -74,8 +73,7 @@ impl Store {
         // Redo: the key writes of the records committed during the scan.
         for item in records::read(&self.trees.main, s0, s1.saturating_sub(1)) {
             let l = item.map_err(records::Unread::corrupt)?;
-            let rec: CommitRecord =
-                codec::decode(&l.bytes).map_err(|e| CorruptRecord::new(&l.key(), e))?;
+            let rec = l.record()?;
             for w in rec.writes {
                 if !w.key.first().is_some_and(|p| STATE.contains(p)) {
                     continue;
@@ -104,8 +102,7 @@ impl Store {
         let mut out = Vec::new();
         for item in records::read(&self.trees.main, 0, u64::MAX) {
             let l = item.map_err(records::Unread::corrupt)?;
-            let rec: CommitRecord =
-                codec::decode(&l.bytes).map_err(|e| CorruptRecord::new(&l.key(), e))?;
+            let rec = l.record()?;
             let (Some(first), Some(last)) = (rec.events.first(), rec.events.last()) else {
                 return Err(CorruptRecord::new(
                     &l.key(),
@@ -129,8 +126,7 @@ impl Store {
         let mut out = Vec::new();
         for item in records::read(&self.trees.main, 0, upto) {
             let l = item.map_err(records::Unread::corrupt)?;
-            let rec: CommitRecord =
-                codec::decode(&l.bytes).map_err(|e| CorruptRecord::new(&l.key(), e))?;
+            let rec = l.record()?;
             if rec.events.last().is_some_and(|e| e.seq <= upto) {
                 out.push(l.bytes.to_vec());
             }
@@ -168,8 +164,7 @@ impl Store {
             if l.seq >= mark || Some(l.seq) == last {
                 break;
             }
-            let rec: CommitRecord = codec::decode(&l.bytes)
-                .map_err(|e| WriteError::Corrupt(CorruptRecord::new(&l.key(), e)))?;
+            let rec = l.record().map_err(WriteError::Corrupt)?;
             if rec.events.last().is_some_and(|e| e.seq > upto) {
                 break;
             }

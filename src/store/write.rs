@@ -201,14 +201,7 @@ impl<'s> WriteTxn<'s> {
             t.children = list.clone();
             return Ok(Some((t, true)));
         }
-        let store = self.store;
-        children::join(&mut t, |k| {
-            store
-                .get_raw(k)
-                .map(|v| v.map(|v| v.to_vec()))
-                .map_err(|e| e.to_string())
-        })
-        .map_err(corrupt)?;
+        self.store.join_children(&mut t).map_err(corrupt)?;
         self.inner().children.insert(id, t.children.clone());
         Ok(Some((t, true)))
     }
