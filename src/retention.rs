@@ -205,14 +205,13 @@ fn cut_log(
     else {
         return Ok(());
     };
-    let bytes = store.log_bytes_upto(upto)?;
-    if bytes.is_empty() {
+    let Some(cut) = store.log_cut(upto)? else {
         return Ok(());
-    }
+    };
     let archive_dir = dir.join(archive::DIR);
-    archive::write_segment(&archive_dir, start, upto, &bytes)
+    archive::write_segment(&archive_dir, start, upto, &cut.records)
         .map_err(io("writing an archive segment in", &archive_dir))?;
-    report.archived_records = store.cut_log(upto)?;
+    report.archived_records = store.cut_log(cut)?;
     report.cut_upto = Some(upto);
     log::info!(
         "retention: moved {} log records (events {start} to {upto}) to the archive",

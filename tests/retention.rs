@@ -220,7 +220,23 @@ fn the_archive_is_trimmed_and_its_base_moves_forward() {
     let mut deleted = 0;
     for _ in 0..12 {
         run_tasks(&store, &clock, "main", 40);
-        deleted += retention::pass(&store, &r).expect("pass").segments_deleted;
+        let report = retention::pass(&store, &r).expect("pass");
+        deleted += report.segments_deleted;
+        // A cut is whole: the log begins right after it, and the archive's
+        // segments follow one another without a gap or an overlap.
+        let start = store.log_start().unwrap();
+        let first = store.log_records().unwrap()[0].first_seq;
+        assert_eq!(first, start, "the log's first record begins at its start");
+        if let Some(upto) = report.cut_upto {
+            assert_eq!(start, upto + 1);
+        }
+        let segments = archive::list(&dir.path().join(archive::DIR)).unwrap();
+        for w in segments.windows(2) {
+            assert_eq!(w[1].first_seq, w[0].last_seq + 1, "{segments:?}");
+        }
+        if let Some(s) = segments.last() {
+            assert_eq!(s.last_seq + 1, start, "{segments:?}");
+        }
     }
     assert!(deleted > 0, "no segment was deleted");
     let segments = archive::list(&dir.path().join(archive::DIR)).unwrap();

@@ -829,3 +829,50 @@ fn a_parents_children_are_stored_once_apart_and_go_with_it() {
         "the list went with the group"
     );
 }
+
+/// A cut of the log right after the commits it covers: it waits for the
+/// applier to write them (open re-applies only what follows `mapplied`),
+/// then takes out exactly the records up to the checkpoint, and the log
+/// begins right after it. A cut that would not end at the checkpoint is
+/// refused whole.
+#[test]
+fn a_log_cut_is_whole_and_waits_for_the_applier() {
+    let dir = tempdir();
+    let clock = FakeClock::new(T0);
+    let s = open(dir.path(), &clock);
+    let ids: Vec<u64> = (0..30)
+        .map(|i| add(&s, "main", &format!("t{i}"), Placement::Last))
+        .collect();
+    // One record of several events.
+    let mut w = s.write();
+    w.start(ids[0]).unwrap();
+    w.succeed(ids[0], None).unwrap();
+    w.to_history(ids[0], Status::Succeeded).unwrap();
+    w.commit().unwrap();
+    let upto = s.next_seq() - 1;
+    add(&s, "main", "after", Placement::Last);
+    add(&s, "main", "last", Placement::Last);
+    // Not a record's end: nothing to cut.
+    assert!(s.log_cut(upto - 1).unwrap().is_none());
+    let cut = s.log_cut(upto).unwrap().expect("a cut");
+    assert!(
+        s.applied_mark().unwrap() >= upto - 2,
+        "the cut records are applied"
+    );
+    assert_eq!(cut.records.len(), 31);
+    assert_eq!(s.cut_log(cut).unwrap(), 31);
+    assert_eq!(s.log_start().unwrap(), upto + 1);
+    let records = s.log_records().unwrap();
+    assert_eq!(records.len(), 2);
+    assert_eq!(records[0].first_seq, upto + 1);
+    // The log's last record stays, whatever the cut asks for.
+    let end = s.next_seq() - 1;
+    let cut = s.log_cut(end).unwrap();
+    assert!(cut.is_none(), "{cut:?}");
+    drop(s);
+    // Reopened: the state is whole (what the cut took was applied).
+    let s = open(dir.path(), &clock);
+    assert!(s.corrupt_records().is_empty(), "{:?}", s.corrupt_records());
+    assert_eq!(s.queue_ids("main").len(), 31);
+    assert_eq!(s.task(ids[0]).unwrap().unwrap().status, Status::Succeeded);
+}

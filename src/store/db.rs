@@ -179,6 +179,18 @@ impl Store {
         self.failed.reason()
     }
 
+    /// Refuses a write to a failed or read-only store.
+    pub(crate) fn check_writable(&self) -> Result<(), crate::store::WriteError> {
+        use crate::store::WriteError;
+        if let Some(reason) = self.failed.reason() {
+            return Err(WriteError::Failed(reason));
+        }
+        if self.read_only {
+            return Err(WriteError::ReadOnly);
+        }
+        Ok(())
+    }
+
     /// Bytes free on the data dir's filesystem (`None`: it does not say).
     pub fn free_space(&self) -> std::io::Result<Option<u64>> {
         health::free_bytes(&self.dir)

@@ -32,5 +32,5 @@ pub use health::{DEFAULT_RESERVE as DEFAULT_DISK_RESERVE, SpaceError, free_bytes
 pub use lock::Role;
 pub use order::Placement;
 pub use panics::catch as catch_panic;
-pub use snapshot::{LogRecord, Snapshot};
+pub use snapshot::{LogCut, LogRecord, Snapshot};
 pub use write::{Cancellation, Published, WriteTxn};

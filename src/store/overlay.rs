@@ -6,9 +6,10 @@
 //! so readers see committed state at once. The applier thread takes a
 //! snapshot of everything pending, writes it to the tree with plain inserts
 //! (a key changed by several commits since the last round is written once,
-//! with its latest value), then writes `mapplied` = the key of the last
-//! commit record the snapshot covered, and drops from the overlay the
-//! entries that did not change meanwhile.
+//! with its latest value), then (every [`MARK_EVERY`], and when it goes
+//! idle) writes `mapplied` = the key of the last commit record the snapshot
+//! covered, and drops from the overlay the entries that did not change
+//! meanwhile.
 //!
 //! Crash argument: sled recovers a prefix of its log. The applier writes a
 //! commit's keys only after its record was inserted, and `mapplied` only
@@ -45,6 +46,8 @@ struct State {
     committed_record: u64,
     /// Version and record covered by the last finished apply round.
     applied_version: u64,
+    /// The record of the last `mapplied` written (see [`Overlay::wait_marked`]).
+    marked: u64,
     /// The applier should drain and end.
     stop: bool,
     /// The applier failed: entries stay here (reads remain right) for good.
@@ -61,7 +64,11 @@ impl Overlay {
     /// An empty overlay over a tree where every record up to `record` is applied.
     pub fn new(record: u64) -> Self {
         let ov = Overlay::default();
-        ov.lock().committed_record = record;
+        {
+            let mut st = ov.lock();
+            st.committed_record = record;
+            st.marked = record;
+        }
         ov
     }
 }
@@ -110,12 +117,43 @@ impl Overlay {
         self.cv.notify_all();
     }
 
-    /// One round: applies everything pending. Returns false when there was nothing.
+    /// Waits until `mapplied` says every commit record up to `record` is
+    /// applied (the applier writes it when it goes idle, and every
+    /// [`MARK_EVERY`] while it is busy). False when the applier failed or
+    /// stopped first.
+    pub fn wait_marked(&self, record: u64) -> bool {
+        let mut st = self.lock();
+        while st.marked < record {
+            if st.failed || st.stop || st.committed_record < record {
+                return false;
+            }
+            st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        true
+    }
+
+    /// Notes a written mark and wakes those waiting for it.
+    fn marked(&self, record: u64) {
+        let mut st = self.lock();
+        st.marked = st.marked.max(record);
+        self.cv.notify_all();
+    }
+
+    /// One round: applies everything pending, or, with nothing pending,
+    /// brings `mapplied` up to the last commit. Returns false when there
+    /// was nothing to do.
     fn apply_round(&self, trees: &Trees, mark: &mut MarkTimer) -> Result<bool, sled::Error> {
         let (snapshot, version, record) = {
             let st = self.lock();
             if st.applied_version == st.version {
-                return Ok(false);
+                if st.marked >= st.committed_record {
+                    return Ok(false);
+                }
+                let record = st.committed_record;
+                drop(st);
+                write_mark(&trees.main, record)?;
+                self.marked(record);
+                return Ok(true);
             }
             let snap: Vec<(Vec<u8>, Option<IVec>, u64)> = st
                 .map
@@ -129,6 +167,7 @@ impl Overlay {
         }
         if mark.due() {
             write_mark(&trees.main, record)?;
+            self.marked(record);
         }
         let mut st = self.lock();
         for (k, _, ver) in snapshot {
@@ -176,8 +215,9 @@ impl Overlay {
                     if st.applied_version == st.version && st.stop {
                         let record = st.committed_record;
                         drop(st);
-                        if let Err(e) = write_mark(&trees.main, record) {
-                            log::error!("writing the applied mark failed: {e}");
+                        match write_mark(&trees.main, record) {
+                            Ok(()) => me.marked(record),
+                            Err(e) => log::error!("writing the applied mark failed: {e}"),
                         }
                         return;
                     }

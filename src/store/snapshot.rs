@@ -20,7 +20,7 @@ use crate::store::attempts::AttemptLog;
 use crate::store::children;
 use crate::store::counters::KindCounts;
 use crate::store::db::Store;
-use crate::store::error::CorruptRecord;
+use crate::store::error::{CorruptRecord, WriteError};
 use crate::store::keys::{self, ATTEMPT, CHILDREN, COUNTER, EVENT, HISTORY, QUEUE, TASK};
 use crate::store::records;
 use crate::store::verify::Model;
@@ -43,6 +43,18 @@ pub struct LogRecord {
     pub at: u64,
     /// Its size as stored.
     pub bytes: u64,
+}
+
+/// The commit records a cut of the log takes out ([`Store::log_cut`]).
+#[derive(Debug)]
+pub struct LogCut {
+    /// The checkpoint's event: the log starts after it once cut.
+    pub upto: u64,
+    /// The records' stored bytes, oldest first, as the codec framed them
+    /// (what the archive keeps).
+    pub records: Vec<Vec<u8>>,
+    /// Their keys (a record in pieces has several).
+    keys: Vec<sled::IVec>,
 }
 
 /// The prefixes of the keys that hold the state (not the log, not meta).
@@ -134,61 +146,91 @@ impl Store {
         Ok(out)
     }
 
-    /// Takes out of the log every commit record whose events are all at or
-    /// before `upto`, in one atomic sled batch that also records the new
-    /// log start (`upto + 1`), and makes it durable. The caller has made
-    /// the records and the state at `upto` durable elsewhere first (archive
-    /// and checkpoint). Refused for records that are not yet applied to the
-    /// tree (open re-applies those) and for the log's last record. Returns
-    /// how many records went.
-    pub fn cut_log(&self, upto: u64) -> Result<usize, crate::store::WriteError> {
-        use crate::store::WriteError;
-        let mark = match self
-            .trees
-            .main
-            .get(keys::META_APPLIED)
-            .map_err(WriteError::Database)?
-        {
-            Some(v) => codec::decode::<u64>(&v)
-                .map_err(|e| WriteError::Corrupt(CorruptRecord::new(keys::META_APPLIED, e)))?,
-            None => 0,
-        };
+    /// What a cut of the log up to the checkpoint of event `upto` takes
+    /// out: every commit record whose events are all at or before `upto`.
+    /// None when there is nothing to cut, or when those records do not end
+    /// exactly at `upto` (a cut is all or nothing: the log must start right
+    /// after a checkpoint). Waits until the applier has written every one
+    /// of them to the tree (open re-applies only the records after
+    /// `mapplied`). The log's last record is never cut: open takes the next
+    /// event and task numbers from it.
+    pub fn log_cut(&self, upto: u64) -> Result<Option<LogCut>, WriteError> {
+        self.check_writable()?;
         let last = records::last_seq(&self.trees.main).map_err(WriteError::Database)?;
-        let mut batch = sled::Batch::default();
-        let mut n = 0;
+        let mut cut = LogCut {
+            upto,
+            records: Vec::new(),
+            keys: Vec::new(),
+        };
+        let (mut end, mut last_record) = (0, 0);
         for item in records::read(&self.trees.main, 0, upto) {
             let l = item.map_err(|e| match e {
                 records::Unread::Db(e) => WriteError::Database(e),
                 other => WriteError::Corrupt(other.corrupt()),
             })?;
-            if l.seq >= mark || Some(l.seq) == last {
+            if Some(l.seq) == last {
                 break;
             }
             let rec = l.record().map_err(WriteError::Corrupt)?;
-            if rec.events.last().is_some_and(|e| e.seq > upto) {
+            let Some(seq) = rec.events.last().map(|e| e.seq).filter(|s| *s <= upto) else {
                 break;
+            };
+            (end, last_record) = (seq, l.seq);
+            cut.records.push(l.bytes.to_vec());
+            cut.keys.extend(l.keys);
+        }
+        if cut.records.is_empty() {
+            return Ok(None);
+        }
+        if end != upto {
+            log::warn!(
+                "the log is not cut at event {upto}: its records to cut end at event {end}, not at the checkpoint"
+            );
+            return Ok(None);
+        }
+        if !self.overlay.wait_marked(last_record) {
+            self.check_writable()?;
+            return Ok(None);
+        }
+        if self.applied_mark().map_err(WriteError::Corrupt)? < last_record {
+            return Err(WriteError::Corrupt(CorruptRecord::new(
+                keys::META_APPLIED,
+                format!("the applier said it wrote record {last_record}, the mark says otherwise"),
+            )));
+        }
+        Ok(Some(cut))
+    }
+
+    /// `mapplied`: the last commit record whose key writes the tree holds
+    /// (every one before it too). Open re-applies the records after it.
+    pub fn applied_mark(&self) -> Result<u64, CorruptRecord> {
+        match self.trees.main.get(keys::META_APPLIED) {
+            Err(e) => Err(CorruptRecord::new(keys::META_APPLIED, e)),
+            Ok(None) => Ok(0),
+            Ok(Some(v)) => {
+                codec::decode::<u64>(&v).map_err(|e| CorruptRecord::new(keys::META_APPLIED, e))
             }
-            for k in l.keys {
-                batch.remove(k);
-            }
-            n += 1;
         }
-        if n == 0 {
-            return Ok(0);
+    }
+
+    /// Takes `cut`'s records out of the log, in one atomic sled batch that
+    /// also records the new log start (`cut.upto + 1`), and makes it
+    /// durable. The caller has made the records and the state at
+    /// `cut.upto` durable elsewhere first (archive and checkpoint). Returns
+    /// how many records went.
+    pub fn cut_log(&self, cut: LogCut) -> Result<usize, WriteError> {
+        self.check_writable()?;
+        let mut batch = sled::Batch::default();
+        for k in cut.keys {
+            batch.remove(k);
         }
-        batch.insert(keys::META_LOG_START, codec::encode(&(upto + 1)));
-        if let Some(reason) = self.failed.reason() {
-            return Err(WriteError::Failed(reason));
-        }
-        if self.is_read_only() {
-            return Err(WriteError::ReadOnly);
-        }
+        batch.insert(keys::META_LOG_START, codec::encode(&(cut.upto + 1)));
         if let Err(e) = self.trees.main.apply_batch(batch) {
             self.failed.fail(&self.trees.main, &e);
             return Err(WriteError::Database(e));
         }
         self.flush_now().map_err(WriteError::Flush)?;
-        Ok(n)
+        Ok(cut.records.len())
     }
 
     /// The first event the store's log holds (1 until the log was cut).

@@ -888,12 +888,7 @@ impl<'s> WriteTxn<'s> {
                 },
             });
         }
-        if let Some(why) = self.store.failure() {
-            return Err(WriteError::Failed(why));
-        }
-        if self.store.is_read_only() {
-            return Err(WriteError::ReadOnly);
-        }
+        self.store.check_writable()?;
         let first_seq = self.events[0].seq;
         let mut writes = self.key_writes();
         let counting_anew = !self.counts.is_empty();
