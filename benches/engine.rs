@@ -192,10 +192,12 @@ fn e2e_noop_sync() {
     assert_eq!(store.queued_total(), E2E_TASKS);
 
     let flushes_before = store.flush_count();
+    let flush_time_before = store.flush_stats().sum_seconds;
     let start = Instant::now();
     let summary = engine.run_until_idle().expect("run_until_idle");
     let run = start.elapsed().as_secs_f64();
     let flushes = store.flush_count() - flushes_before;
+    let flush_time = store.flush_stats().sum_seconds - flush_time_before;
     assert_eq!(summary.tally.succeeded, E2E_TASKS as u64);
     assert_eq!(summary.tally.failed_attempts, 0);
     assert_eq!(store.queued_total(), 0);
@@ -212,6 +214,12 @@ fn e2e_noop_sync() {
         E2E_TASKS as f64 / flushes.max(1) as f64,
         "tasks",
     );
+    figure(
+        "e2e_noop_sync_flush_mean_us",
+        flush_time * 1e6 / flushes.max(1) as f64,
+        "us",
+    );
+    figure("e2e_noop_sync_flushing_share", flush_time / run, "x");
 }
 
 fn noop_handlers() -> Handlers {
