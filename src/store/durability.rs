@@ -43,10 +43,16 @@ struct State {
 const GATHER: Duration = Duration::from_micros(300);
 
 /// The group-commit rendezvous.
+///
+/// Two condition variables, so that nobody is woken for nothing: the
+/// committers waiting for durability wait on `flushed` (a flush ended), the
+/// flush leader gathering transactions waits on `gathered` (none is under
+/// way any more). With one, every publish woke every waiting committer.
 #[derive(Debug, Default)]
 pub struct GroupCommit {
     state: Mutex<State>,
-    cv: Condvar,
+    flushed: Condvar,
+    gathered: Condvar,
 }
 
 impl GroupCommit {
@@ -62,7 +68,14 @@ impl GroupCommit {
     pub fn abandon(&self) {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         st.in_flight = st.in_flight.saturating_sub(1);
-        self.cv.notify_all();
+        self.note_gathered(&st);
+    }
+
+    /// Wakes a gathering flush leader once no transaction is under way.
+    fn note_gathered(&self, st: &State) {
+        if st.in_flight == 0 && st.flushing {
+            self.gathered.notify_all();
+        }
     }
 
     /// Records that a begun transaction's record is written and its key
@@ -72,7 +85,7 @@ impl GroupCommit {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         st.written += 1;
         st.in_flight = st.in_flight.saturating_sub(1);
-        self.cv.notify_all();
+        self.note_gathered(&st);
         st.written
     }
 
@@ -97,7 +110,7 @@ impl GroupCommit {
                         break;
                     }
                     st = self
-                        .cv
+                        .gathered
                         .wait_timeout(st, left)
                         .unwrap_or_else(|p| p.into_inner())
                         .0;
@@ -114,11 +127,11 @@ impl GroupCommit {
                 if result.is_ok() {
                     st.durable = st.durable.max(target);
                 }
-                self.cv.notify_all();
+                self.flushed.notify_all();
                 result?;
                 continue;
             }
-            st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+            st = self.flushed.wait(st).unwrap_or_else(|p| p.into_inner());
         }
     }
 
