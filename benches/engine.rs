@@ -268,9 +268,14 @@ fn noop_batch_run(specs: Vec<TaskSpec>, expect_ids: usize, expect_succeeded: u64
     let ids = engine.enqueue_batch(specs).expect("enqueue_batch");
     let enqueue = start.elapsed().as_secs_f64();
     assert_eq!(ids.len(), expect_ids);
-    let start = Instant::now();
+    let (start, cpu0, flushes0) = (Instant::now(), process_cpu(), store.flush_count());
     let summary = engine.run_until_idle().expect("run_until_idle");
     let run = start.elapsed().as_secs_f64();
+    eprintln!(
+        "run to idle: {run:.3} s wall, {:.3} s cpu, {} flushes",
+        (process_cpu() - cpu0).as_secs_f64(),
+        store.flush_count() - flushes0
+    );
     assert_eq!(summary.tally.succeeded, expect_succeeded);
     assert_eq!(summary.tally.failed_attempts, 0);
     assert_eq!(summary.tally.dead_letters, 0);

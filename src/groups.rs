@@ -189,7 +189,7 @@ pub fn progress(parent: &Task, children: &[Child], child_failed: bool) -> GroupP
             .map(|(i, c)| (i as u64, Some(c.clone())))
             .collect(),
     );
-    view.progress(parent.failures, &parent.name, child_failed)
+    view.progress(parent.failures, &parent.name, u32::from(child_failed))
 }
 
 /// A group's children as [`progress`] needs them, kept up to date one child
@@ -310,9 +310,10 @@ impl GroupView {
     }
 
     /// What the parent (with `failures` and `name`) becomes: the rules of
-    /// [`progress`].
-    pub fn progress(&self, failures: u32, name: &str, child_failed: bool) -> GroupProgress {
-        let failures = failures + u32::from(child_failed);
+    /// [`progress`], with `child_failures` children's failed attempts since
+    /// it was last updated.
+    pub fn progress(&self, failures: u32, name: &str, child_failures: u32) -> GroupProgress {
+        let failures = failures.saturating_add(child_failures);
         let message = errors_message(
             self.errors
                 .iter()
@@ -654,7 +655,7 @@ mod tests {
                 let whole: Vec<Child> = kids.iter().flatten().cloned().collect();
                 let failed = next(2) == 0;
                 assert_eq!(
-                    view.progress(p.failures, &p.name, failed),
+                    view.progress(p.failures, &p.name, u32::from(failed)),
                     progress(&p, &whole, failed)
                 );
             }

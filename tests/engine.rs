@@ -832,3 +832,70 @@ fn every_attempt_is_logged_and_a_library_handler_sees_a_cancel() {
     assert_eq!(s.store.task(fail).unwrap().unwrap().status, Status::Failed);
     assert_log_agrees(&s.store);
 }
+
+/// Children interrupted at a crash count as failed attempts on their parent,
+/// and a parent is brought up to date once per step, not once per child:
+/// three children interrupted together give one `group-updated` event with
+/// three failures. Then they run again and the group finishes.
+#[test]
+fn a_parent_is_updated_once_per_step_with_all_its_childrens_failures() {
+    let dir = tempdir();
+    let clock = FakeClock::new(T0);
+    let open =
+        || Arc::new(Store::open(dir.path(), Options::default(), Arc::new(clock.clone())).unwrap());
+    let (parent, children) = {
+        let store = open();
+        let e = Engine::new(store.clone(), Handlers::new(), EngineConfig::default()).unwrap();
+        let specs: Vec<_> = ["a", "b", "c"]
+            .iter()
+            .map(|n| TaskSpec {
+                weight: Some(1),
+                ..spec("main", n)
+            })
+            .collect();
+        let parent = e.enqueue_batch(specs).unwrap()[0];
+        let children = store.task(parent).unwrap().unwrap().children;
+        // What a crash leaves: the three children running in their queues.
+        let mut w = store.write();
+        for (i, c) in children.iter().enumerate() {
+            w.place(*c, &berth::queues::parallel_queue(i), Placement::Last)
+                .unwrap();
+            w.start(*c).unwrap();
+        }
+        w.commit().unwrap();
+        (parent, children)
+    };
+    let store = open();
+    assert_eq!(store.recovered().len(), 3, "{:?}", store.recovered());
+    let from = store.next_seq();
+    let mut h = Handlers::new();
+    h.register("ModuleRun", |_: &TaskContext| Outcome::success());
+    let e = Engine::new(store.clone(), h, EngineConfig::default()).unwrap();
+    let summary = e.run_until_idle().unwrap();
+    assert_eq!(summary.tally.succeeded, 4);
+    let updates: Vec<u32> = store
+        .events_from(from)
+        .map(|ev| ev.unwrap())
+        .filter_map(|ev| match ev.kind {
+            berth::store::EventKind::GroupUpdated { id, failures, .. } if id == parent => {
+                Some(failures)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        updates.first(),
+        Some(&3),
+        "one update for the three interrupted children: {updates:?}"
+    );
+    let p = store.task(parent).unwrap().unwrap();
+    assert_eq!((p.status, p.failures), (Status::Succeeded, 3));
+    for c in children {
+        let t = store.task(c).unwrap().unwrap();
+        assert_eq!(
+            (t.status, t.attempts, t.failures),
+            (Status::Succeeded, 2, 1)
+        );
+    }
+    assert_log_agrees(&store);
+}

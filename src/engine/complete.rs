@@ -49,7 +49,7 @@ impl Scheduler {
             w.log_attempt(task.id, log_of(AttemptOutcome::Cancelled))?;
             w.cancel_one(task.id)?;
             if let Some(p) = task.parent {
-                self.update_parent(w, p, false)?;
+                self.parent_due(p, false);
             }
             return Ok(());
         }
@@ -88,7 +88,7 @@ impl Scheduler {
                     self.sleep(&task.queue, now, d, false);
                 }
                 if let Some(p) = task.parent {
-                    self.update_parent(w, p, false)?;
+                    self.parent_due(p, false);
                 }
             }
             RunResult::Fail(message) => self.failed(w, env, &task, message, now)?,
@@ -138,7 +138,7 @@ impl Scheduler {
             self.sleep(&task.queue, now, d, true);
         }
         if let Some(p) = task.parent {
-            self.update_parent(w, p, true)?;
+            self.parent_due(p, true);
         }
         Ok(())
     }
@@ -151,8 +151,24 @@ impl Scheduler {
                 continue;
             }
             if let Some(p) = w.task(*id)?.parent {
-                self.update_parent(w, p, true)?;
+                self.parent_due(p, true);
             }
+        }
+        self.settle_parents(w)
+    }
+
+    /// Notes that a child of `parent` changed (`failed`: by a failed
+    /// attempt); the parent is brought up to date by `settle_parents`.
+    fn parent_due(&mut self, parent: u64, failed: bool) {
+        *self.parents_due.entry(parent).or_default() += u32::from(failed);
+    }
+
+    /// Brings every parent noted since the last call up to date, once each,
+    /// in `w`. The step calls it before it commits and before it starts
+    /// anything (a group that finished frees its queue).
+    pub fn settle_parents(&mut self, w: &mut WriteTxn<'_>) -> Result<(), WriteError> {
+        for (parent, failures) in std::mem::take(&mut self.parents_due) {
+            self.update_parent(w, parent, failures)?;
         }
         Ok(())
     }
@@ -163,7 +179,7 @@ impl Scheduler {
         &mut self,
         w: &mut WriteTxn<'_>,
         parent: u64,
-        child_failed: bool,
+        child_failures: u32,
     ) -> Result<(), WriteError> {
         if !w.exists(parent) || !w.is_live(parent)? {
             return Ok(());
@@ -172,7 +188,7 @@ impl Scheduler {
             let p = w.task(parent)?;
             (p.queue.clone(), p.kind.clone())
         };
-        let g = w.group_progress(parent, child_failed)?;
+        let g = w.group_progress(parent, child_failures)?;
         w.update_group(parent, g.name, g.failures, g.message)?;
         let Some(status) = g.finished else {
             return Ok(());

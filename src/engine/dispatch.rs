@@ -183,7 +183,7 @@ impl Scheduler {
             Ok(_) => w.is_live(*c).unwrap_or(true),
         });
         if !any_live {
-            self.update_parent(w, parent.id, false)?;
+            self.update_parent(w, parent.id, 0)?;
         }
         Ok(())
     }

@@ -399,6 +399,9 @@ impl Engine {
         dispatch: bool,
     ) -> Result<(usize, Launch<'_>), WriteError> {
         let env = self.env();
+        // Left only by a step whose transaction failed: its changes were
+        // dropped, so are the parents it was to update.
+        sched.parents_due.clear();
         let mut progress = inbox.done.len() + inbox.cancels.len();
         let mut done = inbox.done.into_iter().peekable();
         let mut answers = Vec::new();
@@ -414,6 +417,7 @@ impl Engine {
                 bytes += c.output.log_bytes();
                 sched.complete(&mut w, &env, c)?;
             }
+            sched.settle_parents(&mut w)?;
             if done.peek().is_some() {
                 answers.extend(sched.answered_cancels(&mut w));
                 w.commit()?;

@@ -151,6 +151,10 @@ pub struct Scheduler {
     /// again (a task's target and tags never change). Ids are never reused,
     /// so an id that left its queue is only a stale entry.
     pub(super) elsewhere: HashSet<u64>,
+    /// Group parents whose children changed in this step, and how many of
+    /// those changes were failed attempts: each parent is updated once per
+    /// step (`settle_parents`), not once per child.
+    pub(super) parents_due: BTreeMap<u64, u32>,
 }
 
 /// What the scheduler needs from the engine for one step.
@@ -178,6 +182,7 @@ impl Scheduler {
             cancels: Cancels::default(),
             node,
             elsewhere: HashSet::new(),
+            parents_due: BTreeMap::new(),
         }
     }
 

@@ -14,13 +14,14 @@ use crate::store::write::WriteTxn;
 
 impl WriteTxn<'_> {
     /// What group `parent` becomes now (the rules of `groups::progress`),
-    /// with this transaction's changes; `child_failed` when this update is
-    /// for a child's failed attempt. Costs O(the names shown + the standing
-    /// errors), after one read of every child per group and process.
+    /// with this transaction's changes; `child_failures`: the failed
+    /// attempts of its children this update is for. Costs O(the names shown
+    /// + the standing errors), after one read of every child per group and
+    /// process.
     pub fn group_progress(
         &mut self,
         parent: u64,
-        child_failed: bool,
+        child_failures: u32,
     ) -> Result<GroupProgress, WriteError> {
         let (failures, name) = {
             let p = self.live(parent, "update it")?;
@@ -44,7 +45,7 @@ impl WriteTxn<'_> {
             }
         }
         let view = &self.inner().groups[&parent];
-        Ok(view.progress(failures, &name, child_failed))
+        Ok(view.progress(failures, &name, child_failures))
     }
 
     /// Every child of `parent`, read.
