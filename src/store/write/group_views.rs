@@ -16,8 +16,8 @@ impl WriteTxn<'_> {
     /// What group `parent` becomes now (the rules of `groups::progress`),
     /// with this transaction's changes; `child_failures`: the failed
     /// attempts of its children this update is for. Costs O(the names shown
-    /// + the standing errors), after one read of every child per group and
-    /// process.
+    /// and the standing errors), after one read of every child per group
+    /// and process.
     pub fn group_progress(
         &mut self,
         parent: u64,
