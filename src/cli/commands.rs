@@ -288,8 +288,13 @@ fn verify(s: &Session) -> Result<(), CliError> {
     let opts = s.options(Access::Read);
     let store = Store::open(s.dir(), opts, berth::clock::system()).map_err(OpError::from)?;
     let progress = super::progress::Progress::new("events replayed");
-    let diffs = berth::retention::verify(&store, &mut |n, total| progress.set(n, total))
-        .map_err(|e| CliError::runtime(format!("replaying the log: {e}")))?;
+    let diffs =
+        berth::retention::verify(&store, &mut |n, total| progress.set(n, total)).map_err(|e| {
+            CliError::runtime(format!(
+                "data dir {}: replaying the log: {e}",
+                s.dir().display()
+            ))
+        })?;
     progress.finish();
     let corrupt = store.corrupt_records();
     for c in corrupt {
@@ -314,7 +319,8 @@ fn verify(s: &Session) -> Result<(), CliError> {
         eprintln!("berth: {d}");
     }
     Err(CliError::runtime(format!(
-        "{} disagreement(s) between the log and the state, {} corrupt record(s)",
+        "data dir {}: {} disagreement(s) between the log and the state, {} corrupt record(s)",
+        s.dir().display(),
         diffs.len(),
         corrupt.len()
     )))

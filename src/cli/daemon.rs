@@ -273,6 +273,12 @@ fn service(engine: &Engine, config: &Config, finished: mpsc::Receiver<()>) {
     let mut textfile = Textfile::new(config);
     let mut backups = Backups::new(config);
     loop {
+        // The engine's loop ends on a failed store, but a thread of its own
+        // (the launcher, inside a flush) may never return from sled: the
+        // daemon does not wait for it.
+        if let Some(why) = engine.store().failure() {
+            exit_store_failed(&why);
+        }
         if !stopping && stop.load(Ordering::SeqCst) {
             stopping = true;
             notify("STOPPING=1\nSTATUS=stopping: waiting for the running tasks");

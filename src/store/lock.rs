@@ -121,11 +121,7 @@ impl DirLock {
     pub fn daemon_starting(dir: &Path) -> Option<u32> {
         let text = std::fs::read_to_string(dir.join(STARTING)).ok()?;
         let pid: u32 = text.trim().parse().ok()?;
-        let pid_t = i32::try_from(pid).ok().filter(|p| *p > 0)?;
-        // SAFETY: kill(2) with signal 0 only checks that the process exists.
-        let alive = unsafe { libc::kill(pid_t, 0) } == 0
-            || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
-        alive.then_some(pid)
+        alive(pid).then_some(pid)
     }
 }
 
@@ -138,13 +134,71 @@ fn read_holder(file: &mut File) -> Holder {
         Some("command") => Some(Role::Command),
         _ => None,
     };
-    let pid = words.next().and_then(|p| p.parse().ok());
+    let pid: Option<u32> = words.next().and_then(|p| p.parse().ok());
+    // The line of a process that is gone was left by one that died holding
+    // the lock (its lock went with it): whoever holds the lock now has not
+    // written its own line yet, so it is unknown (and maybe a short
+    // command, which a starting daemon waits for).
+    if pid.is_some_and(|p| !alive(p)) {
+        return Holder {
+            role: None,
+            pid: None,
+        };
+    }
     Holder { role, pid }
+}
+
+/// Whether process `pid` exists (signal 0 checks without sending).
+fn alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    if pid <= 0 {
+        return false;
+    }
+    // SAFETY: kill with signal 0 sends nothing; it only checks the pid.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A holder line left by a process that died is not trusted: the lock's
+    /// holder has not written its own line yet (a starting daemon must wait
+    /// for it, not take it for the dead daemon).
+    #[test]
+    fn a_holder_line_of_a_dead_process_names_nobody() {
+        let dir = tempfile::tempdir().unwrap();
+        let held = DirLock::try_acquire(dir.path(), Role::Command)
+            .ok()
+            .unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        std::fs::write(dir.path().join("berth.lock"), format!("daemon {dead}\n")).unwrap();
+        match DirLock::try_acquire(dir.path(), Role::Daemon) {
+            Err(LockError::Held(h)) => assert_eq!(
+                h,
+                Holder {
+                    role: None,
+                    pid: None
+                }
+            ),
+            _ => panic!("the lock is held"),
+        }
+        std::fs::write(
+            dir.path().join("berth.lock"),
+            format!("daemon {}\n", std::process::id()),
+        )
+        .unwrap();
+        match DirLock::try_acquire(dir.path(), Role::Daemon) {
+            Err(LockError::Held(h)) => assert_eq!(h.role, Some(Role::Daemon)),
+            _ => panic!("the lock is held"),
+        }
+        drop(held);
+    }
 
     #[test]
     fn a_second_lock_on_the_same_dir_sees_the_holder() {

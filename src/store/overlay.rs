@@ -3,13 +3,15 @@
 //!
 //! A commit inserts only its commit record (events + exact key writes) into
 //! sled and puts its key writes here. Every read consults the overlay first,
-//! so readers see committed state at once. The applier thread takes a
-//! snapshot of everything pending, writes it to the tree with plain inserts
-//! (a key changed by several commits since the last round is written once,
-//! with its latest value), then (every [`MARK_EVERY`], and when it goes
-//! idle) writes `mapplied` = the key of the last commit record the snapshot
-//! covered, and drops from the overlay the entries that did not change
-//! meanwhile.
+//! so readers see committed state at once. The applier thread takes
+//! everything pending in one move (the map becomes the round's `applying`
+//! map, still read by readers, and commits go on into a new empty one that
+//! shadows it), writes it to the tree with plain inserts (a key changed by
+//! several commits since the last round is written once, with its latest
+//! value), then (every [`MARK_EVERY`], and when it goes idle) writes
+//! `mapplied` = the key of the last commit record the round covered, and
+//! drops the `applying` map. The lock is held for O(1) per round, not for a
+//! copy of everything pending.
 //!
 //! Crash argument: sled recovers a prefix of its log. The applier writes a
 //! commit's keys only after its record was inserted, and `mapplied` only
@@ -36,10 +38,33 @@ const GATHER: std::time::Duration = std::time::Duration::from_millis(2);
 /// Pending entries above which a commit waits for the applier (backpressure).
 const MAX_PENDING: usize = 200_000;
 
+/// Pending key writes: key -> value, or None for removed.
+type Writes = BTreeMap<Vec<u8>, Option<IVec>>;
+
+/// What an apply round does.
+enum Round {
+    /// Nothing pending, the mark is current.
+    Idle,
+    /// Nothing pending; the mark is to be brought up to this record.
+    Mark(u64),
+    Apply(Applying),
+}
+
+/// A round's writes, and the commits (version counter and last record) they cover.
+struct Applying {
+    writes: Arc<Writes>,
+    version: u64,
+    record: u64,
+}
+
 #[derive(Debug, Default)]
 struct State {
-    /// key -> (value or None for removed, version of the commit that set it).
-    map: BTreeMap<Vec<u8>, (Option<IVec>, u64)>,
+    /// The writes of the commits since the current round began (they
+    /// shadow `applying`).
+    map: Writes,
+    /// The writes the current round is writing to the tree (None between
+    /// rounds); readers still see them until the round ends.
+    applying: Option<Arc<Writes>>,
     /// Commits put here (a version counter).
     version: u64,
     /// The key (first event number) of the last commit record put here.
@@ -76,6 +101,13 @@ impl Overlay {
 /// A pending value as readers see it: `Some(None)` means removed.
 pub(crate) type Pending = Option<Option<IVec>>;
 
+impl State {
+    /// Key writes not yet in the tree.
+    fn pending(&self) -> usize {
+        self.map.len() + self.applying.as_ref().map_or(0, |a| a.len())
+    }
+}
+
 impl Overlay {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
@@ -83,23 +115,32 @@ impl Overlay {
 
     /// The pending value of a key, if any.
     pub fn get(&self, key: &[u8]) -> Pending {
-        self.lock().map.get(key).map(|(v, _)| v.clone())
+        let st = self.lock();
+        st.map
+            .get(key)
+            .or_else(|| st.applying.as_ref().and_then(|a| a.get(key)))
+            .cloned()
     }
 
     /// Pending entries whose keys start with `prefix`, in key order.
-    pub fn prefix(&self, prefix: &[u8]) -> BTreeMap<Vec<u8>, Option<IVec>> {
+    pub fn prefix(&self, prefix: &[u8]) -> Writes {
         let st = self.lock();
-        st.map
-            .range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded))
-            .take_while(|(k, _)| k.starts_with(prefix))
-            .map(|(k, (v, _))| (k.clone(), v.clone()))
-            .collect()
+        let mut out = Writes::new();
+        // The round's writes, then the newer ones over them.
+        for w in st.applying.as_deref().into_iter().chain([&st.map]) {
+            out.extend(
+                w.range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded))
+                    .take_while(|(k, _)| k.starts_with(prefix))
+                    .map(|(k, v)| (k.clone(), v.clone())),
+            );
+        }
+        out
     }
 
     /// Waits while too much is pending (called before a commit inserts its record).
     pub fn wait_for_room(&self) {
         let mut st = self.lock();
-        while st.map.len() > MAX_PENDING && !st.failed && !st.stop {
+        while st.pending() > MAX_PENDING && !st.failed && !st.stop {
             st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
         }
     }
@@ -109,9 +150,8 @@ impl Overlay {
     pub fn put(&self, record: u64, writes: impl IntoIterator<Item = (Vec<u8>, Option<Vec<u8>>)>) {
         let mut st = self.lock();
         st.version += 1;
-        let v = st.version;
         for (k, val) in writes {
-            st.map.insert(k, (val.map(IVec::from), v));
+            st.map.insert(k, val.map(IVec::from));
         }
         st.committed_record = record;
         self.cv.notify_all();
@@ -143,41 +183,53 @@ impl Overlay {
     /// brings `mapplied` up to the last commit. Returns false when there
     /// was nothing to do.
     fn apply_round(&self, trees: &Trees, mark: &mut MarkTimer) -> Result<bool, sled::Error> {
-        let (snapshot, version, record) = {
-            let st = self.lock();
-            if st.applied_version == st.version {
-                if st.marked >= st.committed_record {
-                    return Ok(false);
-                }
-                let record = st.committed_record;
-                drop(st);
+        let round = match self.begin_round() {
+            Round::Idle => return Ok(false),
+            Round::Mark(record) => {
                 write_mark(&trees.main, record)?;
                 self.marked(record);
                 return Ok(true);
             }
-            let snap: Vec<(Vec<u8>, Option<IVec>, u64)> = st
-                .map
-                .iter()
-                .map(|(k, (v, ver))| (k.clone(), v.clone(), *ver))
-                .collect();
-            (snap, st.version, st.committed_record)
+            Round::Apply(round) => round,
         };
-        for (k, v, _) in &snapshot {
+        // A failed write leaves `applying` in place: reads stay right.
+        for (k, v) in round.writes.iter() {
             trees.apply_one(k, v.as_deref())?;
         }
         if mark.due() {
-            write_mark(&trees.main, record)?;
-            self.marked(record);
+            write_mark(&trees.main, round.record)?;
+            self.marked(round.record);
         }
+        self.end_round(round.version);
+        Ok(true)
+    }
+
+    /// What the next round does; for `Apply`, everything pending becomes
+    /// the round's `applying` map (readers still see it) and new commits
+    /// go to an empty map that shadows it.
+    fn begin_round(&self) -> Round {
         let mut st = self.lock();
-        for (k, _, ver) in snapshot {
-            if st.map.get(&k).is_some_and(|(_, cur)| *cur == ver) {
-                st.map.remove(&k);
-            }
+        if st.applied_version == st.version {
+            return match st.marked >= st.committed_record {
+                true => Round::Idle,
+                false => Round::Mark(st.committed_record),
+            };
         }
+        let writes = Arc::new(std::mem::take(&mut st.map));
+        st.applying = Some(writes.clone());
+        Round::Apply(Applying {
+            writes,
+            version: st.version,
+            record: st.committed_record,
+        })
+    }
+
+    /// The round's writes are in the tree: readers no longer need them.
+    fn end_round(&self, version: u64) {
+        let mut st = self.lock();
+        st.applying = None;
         st.applied_version = version;
         self.cv.notify_all();
-        Ok(true)
     }
 
     /// Starts the applier thread. A failed write marks the store failed and
@@ -351,4 +403,84 @@ impl MarkTimer {
 
 fn wait<'a>(cv: &Condvar, st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
     cv.wait(st).unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(ov: &Overlay, record: u64, writes: &[(&str, Option<&str>)]) {
+        ov.put(
+            record,
+            writes
+                .iter()
+                .map(|(k, v)| (k.as_bytes().to_vec(), v.map(|v| v.as_bytes().to_vec()))),
+        );
+    }
+
+    fn value(ov: &Overlay, key: &str) -> Option<Option<String>> {
+        ov.get(key.as_bytes())
+            .map(|v| v.map(|v| String::from_utf8(v.to_vec()).unwrap()))
+    }
+
+    /// While a round writes its map to the tree, readers still see it, and
+    /// the commits made meanwhile shadow it; once it ends, only those remain.
+    #[test]
+    fn a_round_takes_everything_pending_and_readers_see_both_maps() {
+        let ov = Overlay::new(0);
+        assert!(matches!(ov.begin_round(), Round::Idle));
+        put(
+            &ov,
+            1,
+            &[("ta", Some("1")), ("tb", Some("1")), ("tc", Some("1"))],
+        );
+        put(&ov, 2, &[("tb", Some("2"))]);
+        let Round::Apply(round) = ov.begin_round() else {
+            panic!("nothing to apply")
+        };
+        assert_eq!(
+            (round.record, round.writes.len()),
+            (2, 3),
+            "one write per key, the latest"
+        );
+        assert_eq!(ov.lock().pending(), 3);
+        // Commits during the round.
+        put(&ov, 3, &[("tb", None), ("td", Some("3"))]);
+        assert_eq!(
+            value(&ov, "ta"),
+            Some(Some("1".into())),
+            "the round's write"
+        );
+        assert_eq!(value(&ov, "tb"), Some(None), "a newer removal shadows it");
+        assert_eq!(value(&ov, "td"), Some(Some("3".into())));
+        assert_eq!(value(&ov, "x"), None);
+        let keys: Vec<_> = ov
+            .prefix(b"t")
+            .into_iter()
+            .map(|(k, v)| (String::from_utf8(k).unwrap(), v.is_some()))
+            .collect();
+        assert_eq!(
+            keys,
+            [("ta", true), ("tb", false), ("tc", true), ("td", true)]
+                .map(|(k, v)| (k.to_string(), v))
+        );
+        ov.end_round(round.version);
+        assert_eq!(
+            value(&ov, "ta"),
+            None,
+            "written to the tree: no longer pending"
+        );
+        assert_eq!(value(&ov, "tb"), Some(None));
+        assert_eq!(ov.lock().pending(), 2);
+        // The next round takes the rest; then only the mark is behind.
+        let Round::Apply(next) = ov.begin_round() else {
+            panic!("the newer writes are pending")
+        };
+        assert_eq!(next.record, 3);
+        ov.end_round(next.version);
+        assert!(matches!(ov.begin_round(), Round::Mark(3)));
+        ov.marked(3);
+        assert!(matches!(ov.begin_round(), Round::Idle));
+        assert!(ov.wait_marked(3));
+    }
 }
