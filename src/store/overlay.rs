@@ -172,6 +172,13 @@ impl Overlay {
         true
     }
 
+    /// Writes `mapplied` = `record`, then notes it (see [`Overlay::marked`]).
+    fn write_mark(&self, trees: &Trees, record: u64) -> Result<(), sled::Error> {
+        write_mark(&trees.main, record)?;
+        self.marked(record);
+        Ok(())
+    }
+
     /// Notes a written mark and wakes those waiting for it.
     fn marked(&self, record: u64) {
         let mut st = self.lock();
@@ -186,8 +193,7 @@ impl Overlay {
         let round = match self.begin_round() {
             Round::Idle => return Ok(false),
             Round::Mark(record) => {
-                write_mark(&trees.main, record)?;
-                self.marked(record);
+                self.write_mark(trees, record)?;
                 return Ok(true);
             }
             Round::Apply(round) => round,
@@ -197,8 +203,7 @@ impl Overlay {
             trees.apply_one(k, v.as_deref())?;
         }
         if mark.due() {
-            write_mark(&trees.main, round.record)?;
-            self.marked(round.record);
+            self.write_mark(trees, round.record)?;
         }
         self.end_round(round.version);
         Ok(true)
@@ -268,9 +273,8 @@ impl Overlay {
                     if st.applied_version == st.version && st.stop {
                         let record = st.committed_record;
                         drop(st);
-                        match write_mark(&trees.main, record) {
-                            Ok(()) => me.marked(record),
-                            Err(e) => log::error!("writing the applied mark failed: {e}"),
+                        if let Err(e) = me.write_mark(&trees, record) {
+                            log::error!("writing the applied mark failed: {e}");
                         }
                         return;
                     }

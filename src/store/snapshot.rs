@@ -192,24 +192,21 @@ impl Store {
             self.check_writable()?;
             return Ok(None);
         }
-        if self.applied_mark().map_err(WriteError::Corrupt)? < last_record {
-            return Err(WriteError::Corrupt(CorruptRecord::new(
-                keys::META_APPLIED,
-                format!("the applier said it wrote record {last_record}, the mark says otherwise"),
-            )));
-        }
         Ok(Some(cut))
     }
 
     /// `mapplied`: the last commit record whose key writes the tree holds
     /// (every one before it too). Open re-applies the records after it.
     pub fn applied_mark(&self) -> Result<u64, CorruptRecord> {
-        match self.trees.main.get(keys::META_APPLIED) {
-            Err(e) => Err(CorruptRecord::new(keys::META_APPLIED, e)),
-            Ok(None) => Ok(0),
-            Ok(Some(v)) => {
-                codec::decode::<u64>(&v).map_err(|e| CorruptRecord::new(keys::META_APPLIED, e))
-            }
+        self.meta_u64(keys::META_APPLIED, 0)
+    }
+
+    /// A number kept under a meta key of the tree (`absent` when missing).
+    fn meta_u64(&self, key: &[u8], absent: u64) -> Result<u64, CorruptRecord> {
+        match self.trees.main.get(key) {
+            Err(e) => Err(CorruptRecord::new(key, e)),
+            Ok(None) => Ok(absent),
+            Ok(Some(v)) => codec::decode::<u64>(&v).map_err(|e| CorruptRecord::new(key, e)),
         }
     }
 
@@ -235,13 +232,7 @@ impl Store {
 
     /// The first event the store's log holds (1 until the log was cut).
     pub fn log_start(&self) -> Result<u64, CorruptRecord> {
-        match self.trees.main.get(keys::META_LOG_START) {
-            Err(e) => Err(CorruptRecord::new(keys::META_LOG_START, e)),
-            Ok(None) => Ok(1),
-            Ok(Some(v)) => {
-                codec::decode::<u64>(&v).map_err(|e| CorruptRecord::new(keys::META_LOG_START, e))
-            }
-        }
+        self.meta_u64(keys::META_LOG_START, 1)
     }
 }
 
