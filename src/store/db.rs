@@ -26,6 +26,7 @@ use crate::store::lock::{DirLock, Role};
 use crate::store::order::Order;
 use crate::store::overlay::Overlay;
 use crate::store::records;
+use crate::store::wal::Wal;
 use crate::store::write::WriteTxn;
 use crate::task::Task;
 
@@ -48,11 +49,17 @@ pub struct Options {
     /// MiB and 294 MiB with the default 16 MiB (`VmHWM`), no slower (and
     /// the engine's throughput was the same).
     pub cache_bytes: u64,
-    /// fsync sled's files after every flush (see `files`), so that what
-    /// `sync` acknowledges survives a power cut. `false` keeps only sled's
-    /// own `sync_file_range`, which survives a process crash or `kill -9`
-    /// but not a power cut; it exists to measure what power safety costs.
+    /// `fdatasync` the write-ahead log at every flush and fsync sled's
+    /// files after each of sled's flushes (see `wal` and `files`), so that
+    /// what `sync` acknowledges survives a power cut. `false` only writes
+    /// the log, which survives a process crash or `kill -9` but not a power
+    /// cut; it exists to measure what power safety costs.
     pub power_safe: bool,
+    /// How long after a commit sled itself is flushed at the latest (in
+    /// the background; also after 32 MiB of commits), so that the
+    /// write-ahead log's segments can be deleted (see `wal`). Longer means
+    /// more log to read back after a crash.
+    pub sled_flush_every: Duration,
     /// Open only to read: the data dir must be a berth data dir, nothing in
     /// it is created or changed (sled opens a private copy of `db/`), tasks
     /// found running are not recovered, and every commit is refused.
@@ -74,6 +81,7 @@ impl Default for Options {
             create: true,
             cache_bytes: 16 << 20,
             power_safe: true,
+            sled_flush_every: crate::store::wal::CHECKPOINT_EVERY,
             read_only: false,
             disk_reserve: health::DEFAULT_RESERVE,
         }
@@ -117,6 +125,10 @@ pub struct Store {
     /// Set for good by the first failed sled write or flush.
     pub(super) failed: Arc<Failed>,
     pub(super) flusher: Option<(mpsc::Sender<()>, JoinHandle<()>)>,
+    /// Where commits are made durable (`None` when opened to read).
+    pub(super) wal: Option<Arc<Wal>>,
+    /// Flushes sled in the background so that the log's segments can go.
+    pub(super) sled_flusher: Option<(mpsc::Sender<()>, JoinHandle<()>)>,
     /// Opened to read: commits are refused, nothing in the data dir changes.
     pub(super) read_only: bool,
     /// `None` for a read-only open of a copy without a lock file.
@@ -170,7 +182,7 @@ impl Store {
             self.failed.fail(&self.trees.main, &e);
             return Err(e.into());
         }
-        self.flush_now().map_err(crate::store::WriteError::Flush)
+        self.flush_sled().map_err(crate::store::WriteError::Flush)
     }
 
     /// Why the store stopped writing, if it did (see `health`). It then
@@ -235,13 +247,19 @@ impl Store {
     pub(crate) fn append(
         &self,
         first_seq: u64,
+        next_seq: u64,
         record: Vec<u8>,
         writes: Vec<KeyWrite>,
     ) -> Result<u64, WriteError> {
         self.overlay.wait_for_room();
-        if let Err(e) = records::writes(first_seq, record).apply(&self.trees.main) {
+        if let Err(e) = records::writes(first_seq, &record).apply(&self.trees.main) {
             self.failed.fail(&self.trees.main, &e);
             return Err(WriteError::Database(e));
+        }
+        // After sled has it: a sled flush that begins once the frame is
+        // appended covers its record (see `wal`).
+        if let Some(wal) = &self.wal {
+            wal.append(first_seq, next_seq, &record);
         }
         self.overlay
             .put(first_seq, writes.into_iter().map(|w| (w.key, w.value)));
@@ -259,8 +277,24 @@ impl Store {
         Ok(())
     }
 
+    /// Makes every commit appended so far durable: writes the write-ahead
+    /// log's pending frames and syncs them (see `wal`).
     pub(crate) fn flush_now(&self) -> std::io::Result<()> {
-        flush_durable(&self.trees.main, &self.files, &self.failed)
+        match &self.wal {
+            Some(wal) => flush_wal(wal, &self.trees.main, &self.failed),
+            // Read-only: nothing is written.
+            None => Ok(()),
+        }
+    }
+
+    /// Flushes sled and syncs its files, then deletes the write-ahead
+    /// segments that flush made needless: for writes made to sled directly
+    /// (meta keys, the log's cut), at a close, and in the background.
+    pub(crate) fn flush_sled(&self) -> std::io::Result<()> {
+        match &self.wal {
+            Some(wal) => checkpoint_sled(wal, &self.trees.main, &self.files, &self.failed),
+            None => Ok(()),
+        }
     }
 
     /// Flushes everything written so far to disk.
@@ -575,7 +609,7 @@ impl Store {
             self.failed.fail(&self.trees.main, &e);
             return Err(e.into());
         }
-        self.flush_now().map_err(WriteError::Flush)
+        self.flush_sled().map_err(WriteError::Flush)
     }
 
     /// Builds the index of TTL deadlines from the live tasks (a corrupt
@@ -645,12 +679,12 @@ impl Store {
 
 /// Flushes sled, then makes what it wrote durable (see `files`). The first
 /// error marks the store failed; a failed store never calls sled again.
-fn flush_durable(tree: &sled::Db, files: &DbFiles, failed: &Failed) -> std::io::Result<()> {
-    if let Some(why) = failed.reason() {
-        return Err(std::io::Error::other(format!(
-            "the store stopped writing earlier: {why}"
-        )));
-    }
+pub(crate) fn flush_durable(
+    tree: &sled::Db,
+    files: &DbFiles,
+    failed: &Failed,
+) -> std::io::Result<()> {
+    check_not_failed(failed)?;
     let r = tree
         .flush()
         .map(|_| ())
@@ -662,9 +696,47 @@ fn flush_durable(tree: &sled::Db, files: &DbFiles, failed: &Failed) -> std::io::
     r
 }
 
+fn check_not_failed(failed: &Failed) -> std::io::Result<()> {
+    match failed.reason() {
+        Some(why) => Err(std::io::Error::other(format!(
+            "the store stopped writing earlier: {why}"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Writes and syncs the write-ahead log's pending frames. The first error
+/// marks the store failed.
+fn flush_wal(wal: &Wal, tree: &sled::Db, failed: &Failed) -> std::io::Result<()> {
+    check_not_failed(failed)?;
+    let r = wal.flush();
+    if let Err(e) = &r {
+        failed.fail(tree, format!("cannot write the write-ahead log: {e}"));
+    }
+    r
+}
+
+/// A durable sled flush, then the write-ahead segments it covered deleted.
+pub(crate) fn checkpoint_sled(
+    wal: &Wal,
+    tree: &sled::Db,
+    files: &DbFiles,
+    failed: &Failed,
+) -> std::io::Result<()> {
+    let upto = wal.appended_upto();
+    flush_durable(tree, files, failed)?;
+    // A segment left behind is read again at the next open and skipped
+    // there: not a reason to stop writing.
+    if let Err(e) = wal.release(upto) {
+        log::warn!("cannot delete a write-ahead segment: {e}");
+    }
+    Ok(())
+}
+
+/// The batched flusher: the write-ahead log every `interval`.
 pub(crate) fn spawn_flusher(
     tree: sled::Db,
-    files: Arc<DbFiles>,
+    wal: Arc<Wal>,
     failed: Arc<Failed>,
     commit: Arc<GroupCommit>,
     interval: Duration,
@@ -679,7 +751,7 @@ pub(crate) fn spawn_flusher(
                     _ => return,
                 }
                 if commit.pending() {
-                    let r = commit.flush_all(|| flush_durable(&tree, &files, &failed));
+                    let r = commit.flush_all(|| flush_wal(&wal, &tree, &failed));
                     if let Err(e) = r {
                         log::error!("batched flush failed: {e}");
                     }
@@ -689,9 +761,52 @@ pub(crate) fn spawn_flusher(
     Ok((tx, handle))
 }
 
+/// How often the sled flusher looks whether a flush is due.
+const CHECKPOINT_POLL: Duration = Duration::from_millis(100);
+
+/// The sled flusher: flushes sled once the write-ahead log says it is due
+/// (`Wal::checkpoint_due`), so that the log's segments can go; and writes
+/// the log's pending frames once there are many (`Wal::pending_full`).
+pub(crate) fn spawn_sled_flusher(
+    tree: sled::Db,
+    wal: Arc<Wal>,
+    files: Arc<DbFiles>,
+    failed: Arc<Failed>,
+) -> std::io::Result<(mpsc::Sender<()>, JoinHandle<()>)> {
+    let (tx, rx) = mpsc::channel::<()>();
+    let handle = std::thread::Builder::new()
+        .name("berth-sled-flush".into())
+        .spawn(move || {
+            loop {
+                match rx.recv_timeout(CHECKPOINT_POLL) {
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                    _ => return,
+                }
+                if failed.is_failed() {
+                    continue;
+                }
+                if wal.pending_full()
+                    && let Err(e) = flush_wal(&wal, &tree, &failed)
+                {
+                    log::error!("writing the write-ahead log failed: {e}");
+                }
+                if !wal.checkpoint_due() {
+                    continue;
+                }
+                if let Err(e) = checkpoint_sled(&wal, &tree, &files, &failed) {
+                    log::error!("flushing sled failed: {e}");
+                }
+            }
+        })?;
+    Ok((tx, handle))
+}
+
 impl Drop for Store {
     fn drop(&mut self) {
-        if let Some((tx, handle)) = self.flusher.take() {
+        for (tx, handle) in [self.flusher.take(), self.sled_flusher.take()]
+            .into_iter()
+            .flatten()
+        {
             drop(tx);
             if !self.failed.is_failed() {
                 let _ = handle.join();
@@ -705,15 +820,24 @@ impl Drop for Store {
             let _ = handle.join();
         }
         // A failed store never waits on sled again (see `health`); the
-        // records it acknowledged are in sled's log and reopening applies them.
-        // A read-only one has nothing to keep.
-        if self.failed.is_failed() || self.read_only {
+        // records it acknowledged are in the write-ahead log and reopening
+        // puts them back. A read-only one has nothing to keep.
+        let Some(wal) = self.wal.as_ref().filter(|_| !self.failed.is_failed()) else {
             return;
-        }
+        };
         // Everything, including what the applier wrote after the last
-        // commit's flush, so that a closed data dir is whole on disk.
-        if let Err(e) = self.flush_now() {
-            log::error!("{}: final flush failed: {e}", self.dir.display());
+        // commit's flush, so that a closed data dir is whole in sled and
+        // its write-ahead log is empty.
+        match flush_durable(&self.trees.main, &self.files, &self.failed) {
+            Ok(()) => {
+                if let Err(e) = wal.clear() {
+                    log::warn!(
+                        "{}: cannot empty the write-ahead log: {e}",
+                        self.dir.display()
+                    );
+                }
+            }
+            Err(e) => log::error!("{}: final flush failed: {e}", self.dir.display()),
         }
     }
 }

@@ -75,7 +75,21 @@ pub(crate) fn open_private(path: &Path) -> io::Result<File> {
     Ok(f)
 }
 
-fn fsync_dir(dir: &Path) -> io::Result<()> {
+/// Creates a new file (it must not exist) with mode 0600, read-write.
+pub(crate) fn create_private(path: &Path) -> io::Result<File> {
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(FILE_MODE)
+        .open(path)?;
+    if f.metadata()?.mode() & 0o7777 != FILE_MODE {
+        f.set_permissions(Permissions::from_mode(FILE_MODE))?;
+    }
+    Ok(f)
+}
+
+pub(crate) fn fsync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 

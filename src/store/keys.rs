@@ -59,13 +59,19 @@ pub const META_PARALLEL: &[u8] = b"mparallel";
 pub const META_NODE: &[u8] = b"mnode";
 
 /// The on-disk layout version (the key layout above; the record framing has its own byte).
+/// 6: a commit is durable once its record is in the write-ahead log
+/// (`db/wal`, see `wal`), before sled has it on disk; a format-5 build
+/// would not read that log and would lose those commits. Opening upgrades a
+/// format-5 dir by writing this number: it has no log, and its sled holds
+/// every commit.
+pub const STORE_FORMAT: u64 = 6;
 /// 5: a commit record over `records::CHUNK` bytes is stored in pieces
 /// under `e` ‖ seq ‖ piece:u32 (see `records`), and a group parent's
 /// children under `g` ‖ id (see `children`); a format-4 build would
 /// misread both. Opening upgrades a format-4 dir by writing this number:
 /// its records are all whole and its parents hold their lists, which
 /// format 5 reads as they are.
-pub const STORE_FORMAT: u64 = 5;
+pub const STORE_FORMAT_V5: u64 = 5;
 /// 4: the `c` keys are in their own tree (`COUNTERS_TREE`); a format-3
 /// build would not see them. Opening upgrades a format-3 (or older) dir by
 /// moving them there.

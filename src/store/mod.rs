@@ -21,6 +21,7 @@ mod panics;
 mod records;
 mod snapshot;
 pub mod verify;
+pub(crate) mod wal;
 mod write;
 
 pub use attempts::{AttemptLog, AttemptOutcome, OutputTail};

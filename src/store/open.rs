@@ -9,13 +9,16 @@
 //!    damaged database refused with an error that says what to do.
 //! 4. [`check_format`]: `mformat`, or a new store (format, mark, marker);
 //!    an older format's counters moved to their tree ([`move_counters`]).
-//! 5. [`reapply`]: every commit record after the applied mark, in order;
-//!    `next_id` and `next_seq` from the last one.
+//! 5. [`replay_wal`]: the commits the write-ahead log holds and sled lost
+//!    (a crash or a power cut before sled's own flush) put back into sled;
+//!    then [`reapply`]: every commit record after the applied mark, in
+//!    order; `next_id` and `next_seq` from the last one. To write, sled is
+//!    then flushed and the write-ahead log emptied.
 //! 6. [`load_order`]: the queue order index from the `q` keys, beside
 //!    (to write) [`scan_live`]: one pass over the live tasks for the ones
 //!    that were running and the TTL deadlines; and [`load_counts`]: the
 //!    counters from the `c` keys.
-//! 7. `Store::open` starts the applier (and the batched flusher), then
+//! 7. `Store::open` starts the applier (the batched flusher, the sled flusher), then
 //!    [`Store::recover`]s tasks that were running.
 //!
 //! After sled is open, any sled error marks the store failed (see `health`),
@@ -42,6 +45,7 @@ use crate::store::order::Order;
 use crate::store::overlay::{self, Overlay, Trees};
 use crate::store::panics;
 use crate::store::records;
+use crate::store::wal::{self, Wal};
 use crate::task::{Status, Task};
 
 /// How often a daemon waiting for commands says so in the log.
@@ -307,6 +311,7 @@ fn check_format(o: &Opening<'_>, files: &DbFiles, read_only: bool) -> Result<u64
         Some(v) => match codec::decode::<u64>(&v) {
             Ok(
                 f @ (keys::STORE_FORMAT
+                | keys::STORE_FORMAT_V5
                 | keys::STORE_FORMAT_V4
                 | keys::STORE_FORMAT_V3
                 | keys::STORE_FORMAT_V2
@@ -353,6 +358,95 @@ struct Replayed {
 /// (re-applying an applied record is harmless). A format-1 dir has no mark,
 /// and only its last record can be partly applied. Then `next_id` is raised
 /// past the highest task id.
+/// Step 5's first half: the commits in the write-ahead log (`wal`) from
+/// sled's last record on go (back) into sled, so that `reapply` finds them.
+/// sled's last record is written again: sled may hold it torn. The log must
+/// go on from that record; if it begins later, commits that were
+/// acknowledged are missing and the dir is refused. A frame cut short at
+/// the log's end (a commit never acknowledged) is logged; damage before the
+/// end refuses the dir, saying where.
+fn replay_wal(o: &Opening<'_>, db: &Path) -> Result<usize, OpenError> {
+    let found = wal::read(db).map_err(|e| o.io(e))?;
+    if let Some(why) = &found.torn {
+        log::info!(
+            "{}: the write-ahead log ends with a write cut short, a commit that was never \
+             acknowledged: {why}",
+            o.dir.display()
+        );
+    }
+    if let Some(why) = found.damage {
+        // Acknowledged commits may be in or after it: refused, not guessed.
+        return Err(OpenError::Damaged {
+            dir: o.dir.to_path_buf(),
+            detail: format!(
+                "its write-ahead log is damaged before its end: {why}; the commits from there \
+                 on cannot be trusted (to open without them, move that segment and the ones \
+                 after it out of {})",
+                db.join(wal::DIR).display()
+            ),
+        });
+    }
+    let last = records::last_seq(o.tree).map_err(|e| o.db(e))?;
+    let todo: Vec<&wal::Frame> = found
+        .frames
+        .iter()
+        .filter(|f| last.is_none_or(|l| f.first_seq >= l))
+        .collect();
+    let Some(first) = todo.first() else {
+        return Ok(0);
+    };
+    // Where sled's log ends: after its last record, or (none) where the log
+    // starts.
+    let ends = match last {
+        Some(l) if first.first_seq <= l => None,
+        Some(l) => Some(
+            records::read(o.tree, l, l)
+                .next()
+                .and_then(|r| r.ok())
+                .and_then(|r| r.record().ok())
+                .and_then(|r| r.events.last().map(|e| e.seq + 1)),
+        ),
+        None => Some(
+            match o.tree.get(keys::META_LOG_START).map_err(|e| o.db(e))? {
+                Some(v) => codec::decode::<u64>(&v).ok(),
+                None => Some(1),
+            },
+        ),
+    };
+    if let Some(ends) = ends
+        && ends != Some(first.first_seq)
+    {
+        let ends = ends.map_or("(unreadable)".to_string(), |e| format!("before event {e}"));
+        return Err(OpenError::Damaged {
+            dir: o.dir.to_path_buf(),
+            detail: format!(
+                "its write-ahead log goes on at event {} but the database's log ends {ends}: \
+                 acknowledged commits are missing",
+                first.first_seq
+            ),
+        });
+    }
+    put_back(o, &todo)
+}
+
+fn put_back(o: &Opening<'_>, frames: &[&wal::Frame]) -> Result<usize, OpenError> {
+    for f in frames {
+        records::writes(f.first_seq, &f.body)
+            .apply(o.tree)
+            .map_err(|e| o.db(e))?;
+    }
+    if let (Some(a), Some(b)) = (frames.first(), frames.last()) {
+        log::info!(
+            "{}: {} commit(s) from the write-ahead log put back (events {} to {})",
+            o.dir.display(),
+            frames.len(),
+            a.first_seq,
+            b.next_seq - 1
+        );
+    }
+    Ok(frames.len())
+}
+
 fn reapply(
     o: &Opening<'_>,
     format: u64,
@@ -522,6 +616,8 @@ fn load_counts(
 /// What steps 4 to 6 read from the tree.
 struct Loaded {
     files: Arc<DbFiles>,
+    /// To write: the write-ahead log, empty.
+    wal: Option<Arc<Wal>>,
     replayed: Replayed,
     order: Order,
     counting: Counting,
@@ -606,7 +702,19 @@ impl Store {
                 move_counters(&o)?;
             }
             let mut corrupt = Vec::new();
+            replay_wal(&o, &db)?;
             let replayed = reapply(&o, format, &mut corrupt)?;
+            // To write: sled now holds every commit; the log starts empty.
+            let wal = match opts.read_only {
+                true => None,
+                false => {
+                    super::db::flush_durable(o.tree, &files, o.failed).map_err(|e| o.io(e))?;
+                    let wal = Wal::open(&db, opts.power_safe, opts.sled_flush_every)
+                        .map_err(|e| o.io(e))?;
+                    wal.clear().map_err(|e| o.io(e))?;
+                    Some(Arc::new(wal))
+                }
+            };
             // The queue keys and (to write) the live tasks are read side by
             // side: two passes over different key ranges.
             let (order, live) = std::thread::scope(|scope| {
@@ -621,6 +729,7 @@ impl Store {
             let counting = load_counts(&o, replayed.next_seq, &mut corrupt)?;
             Ok(Loaded {
                 files,
+                wal,
                 replayed,
                 order,
                 counting,
@@ -672,6 +781,7 @@ impl Store {
         };
         let Loaded {
             files,
+            wal,
             replayed,
             order,
             counting,
@@ -681,11 +791,11 @@ impl Store {
         let overlay = Arc::new(Overlay::new(replayed.last_record));
         let applier = overlay.spawn(trees.clone(), failed.clone()).map_err(io)?;
         let commit = Arc::new(GroupCommit::default());
-        let flusher = match opts.durability {
-            Durability::Batched { interval } if !opts.read_only => Some(
+        let flusher = match (opts.durability, &wal) {
+            (Durability::Batched { interval }, Some(wal)) => Some(
                 super::db::spawn_flusher(
                     trees.main.clone(),
-                    files.clone(),
+                    wal.clone(),
                     failed.clone(),
                     commit.clone(),
                     interval,
@@ -693,6 +803,18 @@ impl Store {
                 .map_err(io)?,
             ),
             _ => None,
+        };
+        let sled_flusher = match &wal {
+            Some(wal) => Some(
+                super::db::spawn_sled_flusher(
+                    trees.main.clone(),
+                    wal.clone(),
+                    files.clone(),
+                    failed.clone(),
+                )
+                .map_err(io)?,
+            ),
+            None => None,
         };
         Ok(Store {
             trees,
@@ -718,6 +840,8 @@ impl Store {
             recovered: Vec::new(),
             failed,
             flusher,
+            wal,
+            sled_flusher,
             read_only: opts.read_only,
             _lock: lock,
             read_copy: None,

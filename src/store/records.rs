@@ -48,9 +48,9 @@ pub fn key_seq(key: &[u8]) -> Option<u64> {
 }
 
 /// The sled writes that store `record` (whole, or in pieces).
-pub fn writes(seq: u64, record: Vec<u8>) -> Stored {
+pub fn writes(seq: u64, record: &[u8]) -> Stored {
     if record.len() <= CHUNK {
-        return Stored::Whole(keys::id_key(EVENT, seq), record);
+        return Stored::Whole(keys::id_key(EVENT, seq), sled::IVec::from(record));
     }
     let mut batch = sled::Batch::default();
     for (i, piece) in record.chunks(CHUNK).enumerate() {
@@ -64,7 +64,7 @@ pub fn writes(seq: u64, record: Vec<u8>) -> Stored {
 
 /// How a record goes into the tree.
 pub enum Stored {
-    Whole([u8; 9], Vec<u8>),
+    Whole([u8; 9], sled::IVec),
     Pieces(sled::Batch),
 }
 
@@ -258,7 +258,9 @@ mod tests {
         let sizes = [10, CHUNK, CHUNK + 1, 3 * CHUNK, 100_000, 1];
         for (i, len) in sizes.iter().enumerate() {
             let seq = 10 * (i as u64 + 1);
-            writes(seq, record(*len, i as u8)).apply(&t).expect("write");
+            writes(seq, &record(*len, i as u8))
+                .apply(&t)
+                .expect("write");
         }
         // A key of another range right after the log must not be read.
         t.insert([EVENT + 1], &b"x"[..]).expect("insert");
@@ -280,8 +282,8 @@ mod tests {
     #[test]
     fn a_missing_piece_is_a_corrupt_record_and_the_next_record_still_reads() {
         let (_d, t) = tree();
-        writes(1, record(3 * CHUNK, 1)).apply(&t).expect("write");
-        writes(2, record(10, 2)).apply(&t).expect("write");
+        writes(1, &record(3 * CHUNK, 1)).apply(&t).expect("write");
+        writes(2, &record(10, 2)).apply(&t).expect("write");
         t.remove(piece_key(1, 1)).expect("remove");
         let got: Vec<_> = read(&t, 0, u64::MAX).collect();
         assert_eq!(got.len(), 2);

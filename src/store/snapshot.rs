@@ -226,7 +226,7 @@ impl Store {
             self.failed.fail(&self.trees.main, &e);
             return Err(WriteError::Database(e));
         }
-        self.flush_now().map_err(WriteError::Flush)?;
+        self.flush_sled().map_err(WriteError::Flush)?;
         Ok(cut.records.len())
     }
 

@@ -918,7 +918,9 @@ impl<'s> WriteTxn<'s> {
             self.store.check_space(bytes.len())?;
         }
         let events = record.events.len();
-        let ticket = self.store.append(first_seq, bytes, record.writes)?;
+        let ticket = self
+            .store
+            .append(first_seq, self.next_seq, bytes, record.writes)?;
         self.settle_groups(record.events.iter().map(|e| e.kind.task_id()));
         // A parent that left the live tasks is not read at every step any more.
         let gone: Vec<u64> = self

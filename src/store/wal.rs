@@ -1,0 +1,598 @@
+//! berth's write-ahead log (`db/wal/`): what makes a commit durable.
+//!
+//! A commit's record goes into sled (under `e`, where every reader finds
+//! it) and, in the same step under the write lock, into this log's pending
+//! buffer as one frame. A flush (the group commit's leader) writes the
+//! pending frames with one `pwrite` at the end of the current segment and
+//! one `fdatasync`: that is when commits are acknowledged. sled itself is
+//! flushed (and its files synced, see `files`) in the background, at most
+//! every [`CHECKPOINT_EVERY`] or [`CHECKPOINT_BYTES`] of frames
+//! (`Store::checkpoint_sled`); the segments whose frames that flush covered
+//! are then deleted. sled's flush (a hand-off to its IO thread, a
+//! `sync_file_range`, then berth's `fdatasync` and a look for new files)
+//! took two to three times one `fdatasync`.
+//!
+//! **Files.** `wal/SEQ.wal`, SEQ the first event number of its first frame
+//! (20 digits), mode 0600. A segment is never reused: a new one is created
+//! (header, space reserved with `fallocate` where the file system can,
+//! synced with its folder) when the current one passes [`SEGMENT_BYTES`].
+//! Reserved space reads as zeros, which end a segment's frames.
+//!
+//! **Layout.** Header: `BERTHWAL` and a version (u32 LE, 1) and 4 zero
+//! bytes. Frame: body length (u32 LE), CRC-32 of what follows the CRC
+//! (u32 LE), the record's first event number and the one after its last
+//! (u64 LE each), then the body: the commit record's bytes as `codec` framed
+//! them.
+//!
+//! **Reading** ([`read`]) goes through the segments in order and stops at
+//! the first frame that is not whole and right: a length of zero (the end),
+//! a bad length or CRC, or a frame that does not follow the one before (its
+//! first event is not the one after the previous frame's last). At the end
+//! of the last segment that is the frame a crash or a power cut cut short:
+//! its commit was never acknowledged. Anywhere else it is damage
+//! (`Replay::damage`), and opening refuses the dir, saying where.
+//!
+//! Opening (`open.rs` `replay_wal`) inserts the frames sled lost into sled,
+//! flushes sled, and deletes every segment ([`Wal::clear`]).
+
+use std::fs::{self, File};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::codec::MAX_RECORD_BYTES;
+
+/// The folder in `db/`.
+pub const DIR: &str = "wal";
+const MAGIC: &[u8; 8] = b"BERTHWAL";
+const VERSION: u32 = 1;
+const HEADER: usize = 16;
+const FRAME_HEADER: usize = 24;
+/// A new segment is begun once the current one holds this much.
+pub const SEGMENT_BYTES: u64 = 16 << 20;
+/// sled is flushed in the background once this many frame bytes were
+/// written since its last flush...
+pub const CHECKPOINT_BYTES: u64 = 32 << 20;
+/// ...or this long after the first of them (by default: `Options::sled_flush_every`).
+pub const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+
+/// Pending frames are written (by the sled flusher) once they are this many bytes.
+pub const PENDING_MAX: u64 = 16 << 20;
+
+/// One commit record as the log holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    pub first_seq: u64,
+    pub next_seq: u64,
+    pub body: Vec<u8>,
+}
+
+/// The log of an open store.
+#[derive(Debug)]
+pub(crate) struct Wal {
+    dir: PathBuf,
+    /// `fdatasync` at each flush (off only to measure what it costs).
+    sync: bool,
+    /// See [`CHECKPOINT_EVERY`].
+    checkpoint_every: Duration,
+    pending: Mutex<Pending>,
+    writer: Mutex<Writer>,
+}
+
+#[derive(Debug, Default)]
+struct Pending {
+    buf: Vec<u8>,
+    /// The first event number of the first frame in `buf`.
+    first_seq: Option<u64>,
+    /// The first event number of the last frame appended.
+    last_seq: u64,
+}
+
+#[derive(Debug, Default)]
+struct Writer {
+    current: Option<Segment>,
+    /// Segments written to the end, oldest first.
+    closed: Vec<Segment>,
+    /// Frame bytes written since sled's last flush, and when the first was.
+    since_checkpoint: u64,
+    dirty_since: Option<Instant>,
+}
+
+#[derive(Debug)]
+struct Segment {
+    path: PathBuf,
+    file: File,
+    /// Where the next frame goes.
+    end: u64,
+    /// The first event number of its last frame.
+    last_seq: u64,
+}
+
+impl Wal {
+    /// The log of the store in `db` (its folder is created if missing).
+    pub fn open(db: &Path, sync: bool, checkpoint_every: Duration) -> io::Result<Wal> {
+        let dir = db.join(DIR);
+        if !dir.exists() {
+            super::files::private_dir(&dir)?;
+            super::files::fsync_dir(db)?;
+        }
+        Ok(Wal {
+            dir,
+            sync,
+            checkpoint_every,
+            pending: Mutex::default(),
+            writer: Mutex::default(),
+        })
+    }
+
+    /// Adds a commit record's frame to the pending buffer. Call it under the
+    /// store's write lock, in event order, after sled has the record.
+    pub fn append(&self, first_seq: u64, next_seq: u64, body: &[u8]) {
+        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        p.first_seq.get_or_insert(first_seq);
+        p.last_seq = first_seq;
+        encode_frame(&mut p.buf, first_seq, next_seq, body);
+    }
+
+    /// The first event number of the last frame appended: a sled flush that
+    /// begins now covers every frame up to it.
+    pub fn appended_upto(&self) -> u64 {
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .last_seq
+    }
+
+    /// Writes every pending frame and makes it durable.
+    pub fn flush(&self) -> io::Result<()> {
+        let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let (buf, first_seq, last_seq) = {
+            let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(first) = p.first_seq.take() else {
+                return Ok(());
+            };
+            (std::mem::take(&mut p.buf), first, p.last_seq)
+        };
+        let full = w.current.as_ref().is_none_or(|s| s.end >= SEGMENT_BYTES);
+        if full {
+            let next = Segment::create(&self.dir, first_seq, buf.len() as u64)?;
+            if let Some(old) = w.current.replace(next) {
+                w.closed.push(old);
+            }
+        }
+        let Some(seg) = w.current.as_mut() else {
+            return Err(io::Error::other("no write-ahead segment"));
+        };
+        seg.file.write_all_at(&buf, seg.end)?;
+        if self.sync {
+            seg.file.sync_data()?;
+        }
+        seg.end += buf.len() as u64;
+        seg.last_seq = last_seq;
+        w.since_checkpoint += buf.len() as u64;
+        w.dirty_since.get_or_insert_with(Instant::now);
+        Ok(())
+    }
+
+    /// Whether so many frames are pending that they should be written now,
+    /// whatever the durability mode waits for (`batched` with a long
+    /// interval would otherwise hold them all in memory).
+    pub fn pending_full(&self) -> bool {
+        let p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        p.buf.len() as u64 >= PENDING_MAX
+    }
+
+    /// Whether sled should be flushed now (see [`CHECKPOINT_BYTES`]).
+    pub fn checkpoint_due(&self) -> bool {
+        let w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        w.since_checkpoint >= CHECKPOINT_BYTES
+            || w.dirty_since
+                .is_some_and(|t| t.elapsed() >= self.checkpoint_every)
+    }
+
+    /// sled has flushed every record up to `upto` (a value of
+    /// [`Wal::appended_upto`] read before the flush began): deletes the
+    /// segments that hold nothing after it.
+    pub fn release(&self, upto: u64) -> io::Result<()> {
+        let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        if w.current.as_ref().is_some_and(|s| s.last_seq <= upto) {
+            w.since_checkpoint = 0;
+            w.dirty_since = None;
+        }
+        let (done, keep): (Vec<Segment>, Vec<Segment>) =
+            w.closed.drain(..).partition(|s| s.last_seq <= upto);
+        w.closed = keep;
+        drop(w);
+        for s in done {
+            fs::remove_file(&s.path)?;
+        }
+        Ok(())
+    }
+
+    /// Deletes every segment (sled holds everything: at open, after the
+    /// replay and a flush of sled; at a clean close).
+    pub fn clear(&self) -> io::Result<()> {
+        let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        w.closed.clear();
+        w.current = None;
+        w.since_checkpoint = 0;
+        w.dirty_since = None;
+        for path in segment_paths(&self.dir)? {
+            fs::remove_file(path)?;
+        }
+        super::files::fsync_dir(&self.dir)
+    }
+}
+
+impl Segment {
+    /// A new, empty segment named for `first_seq`, with room for at least
+    /// `need` bytes of frames reserved, durable with its folder.
+    fn create(dir: &Path, first_seq: u64, need: u64) -> io::Result<Segment> {
+        let path = dir.join(format!("{first_seq:020}.wal"));
+        let file = super::files::create_private(&path)?;
+        let mut header = [0u8; HEADER];
+        header[..8].copy_from_slice(MAGIC);
+        header[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        file.write_all_at(&header, 0)?;
+        // Best effort: a file system without `fallocate`, or one that is
+        // nearly full, still takes the frames as they come.
+        let room = (HEADER as u64 + need).max(SEGMENT_BYTES);
+        if let Err(e) = reserve(&file, room) {
+            log::debug!("{}: no space reserved ({e})", path.display());
+        }
+        file.sync_all()?;
+        super::files::fsync_dir(dir)?;
+        Ok(Segment {
+            path,
+            file,
+            end: HEADER as u64,
+            last_seq: first_seq,
+        })
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn reserve(file: &File, len: u64) -> io::Result<()> {
+    use std::os::unix::io::AsRawFd;
+    let len = libc::off_t::try_from(len).map_err(io::Error::other)?;
+    // The file takes its whole length now, so that a flush's `fdatasync`
+    // has no new length to record.
+    match unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len) } {
+        0 => Ok(()),
+        _ => Err(io::Error::last_os_error()),
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn reserve(_file: &File, _len: u64) -> io::Result<()> {
+    Ok(())
+}
+
+fn encode_frame(out: &mut Vec<u8>, first_seq: u64, next_seq: u64, body: &[u8]) {
+    let len = u32::try_from(body.len()).unwrap_or(u32::MAX);
+    let mut h = crc32fast::Hasher::new();
+    h.update(&first_seq.to_le_bytes());
+    h.update(&next_seq.to_le_bytes());
+    h.update(body);
+    out.reserve(FRAME_HEADER + body.len());
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&h.finalize().to_le_bytes());
+    out.extend_from_slice(&first_seq.to_le_bytes());
+    out.extend_from_slice(&next_seq.to_le_bytes());
+    out.extend_from_slice(body);
+}
+
+/// The segment files in `dir`, in order (a missing folder has none).
+fn segment_paths(dir: &Path) -> io::Result<Vec<PathBuf>> {
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut paths = Vec::new();
+    for e in entries {
+        let path = e?.path();
+        if path.extension().is_some_and(|x| x == "wal") {
+            paths.push(path);
+        }
+    }
+    paths.sort();
+    Ok(paths)
+}
+
+/// What [`read`] found.
+#[derive(Debug, Default)]
+pub struct Replay {
+    /// The whole frames, in order, each following the one before.
+    pub frames: Vec<Frame>,
+    /// Where reading stopped before the end of the last segment, and why: a
+    /// frame that is not whole or does not follow, with frames or segments
+    /// after it that are therefore not used.
+    pub damage: Option<String>,
+    /// The frame cut short at the end of the last segment (a commit that was
+    /// never acknowledged), if any.
+    pub torn: Option<String>,
+}
+
+/// Reads the log in `db/wal` (see the module doc).
+pub fn read(db: &Path) -> io::Result<Replay> {
+    let mut out = Replay::default();
+    let paths = segment_paths(&db.join(DIR))?;
+    let last = paths.len().saturating_sub(1);
+    for (i, path) in paths.iter().enumerate() {
+        let bytes = fs::read(path)?;
+        let stop = read_segment(&bytes, &mut out.frames);
+        let Some((offset, why, follows)) = stop else {
+            continue;
+        };
+        let place = format!("{} at byte {offset}: {why}", path.display());
+        // In the last segment, with nothing but zeros (reserved space) or the
+        // end of the file after it: the last write, cut short.
+        if i == last && !follows && rest_empty_after_frame(&bytes, offset) {
+            out.torn = Some(place);
+        } else {
+            out.damage = Some(place);
+        }
+        break;
+    }
+    Ok(out)
+}
+
+/// Whether everything after the frame that starts at `offset` (as far as
+/// its length says, or to the end) is zero: a torn last write.
+fn rest_empty_after_frame(bytes: &[u8], offset: usize) -> bool {
+    let len = bytes
+        .get(offset..offset + 4)
+        .and_then(|b| b.try_into().ok())
+        .map(u32::from_le_bytes)
+        .map_or(0, |l| l as usize);
+    let end = offset.saturating_add(FRAME_HEADER).saturating_add(len);
+    bytes.get(end..).is_none_or(|r| r.iter().all(|b| *b == 0))
+}
+
+/// Appends a segment's whole frames to `frames`; returns where and why it
+/// stopped early (`None`: at its end), and whether because a whole frame
+/// did not follow the one before (never a torn write: files are not reused).
+fn read_segment(bytes: &[u8], frames: &mut Vec<Frame>) -> Option<(usize, String, bool)> {
+    if bytes.len() < HEADER || &bytes[..8] != MAGIC {
+        return Some((0, "not a berth write-ahead segment".into(), false));
+    }
+    let version = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
+    if version != VERSION {
+        return Some((
+            8,
+            format!("version {version}; this build reads {VERSION}"),
+            false,
+        ));
+    }
+    let mut at = HEADER;
+    loop {
+        let Some(head) = bytes.get(at..at + FRAME_HEADER) else {
+            return match bytes.len() == at {
+                true => None,
+                false => Some((at, "a frame header cut short".into(), false)),
+            };
+        };
+        let u32_at =
+            |i: usize| u32::from_le_bytes([head[i], head[i + 1], head[i + 2], head[i + 3]]);
+        let u64_at = |i: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&head[i..i + 8]);
+            u64::from_le_bytes(b)
+        };
+        let (len, crc) = (u32_at(0) as usize, u32_at(4));
+        let (first_seq, next_seq) = (u64_at(8), u64_at(16));
+        if len == 0 && crc == 0 && first_seq == 0 {
+            // Reserved space: the end of this segment's frames.
+            return bytes[at..]
+                .iter()
+                .any(|b| *b != 0)
+                .then(|| (at, "bytes after the end of the frames".into(), false));
+        }
+        if len > MAX_RECORD_BYTES {
+            return Some((
+                at,
+                format!("a frame of {len} bytes (at most {MAX_RECORD_BYTES})"),
+                false,
+            ));
+        }
+        let Some(body) = bytes.get(at + FRAME_HEADER..at + FRAME_HEADER + len) else {
+            return Some((at, "a frame cut short".into(), false));
+        };
+        let mut h = crc32fast::Hasher::new();
+        h.update(&head[8..]);
+        h.update(body);
+        if h.finalize() != crc {
+            return Some((at, "a frame whose CRC-32 does not match".into(), false));
+        }
+        if next_seq <= first_seq {
+            return Some((
+                at,
+                format!("a frame of events {first_seq} to {next_seq}"),
+                true,
+            ));
+        }
+        if let Some(prev) = frames.last()
+            && prev.next_seq != first_seq
+        {
+            return Some((
+                at,
+                format!(
+                    "a frame of event {first_seq} on after one that ends before event {}",
+                    prev.next_seq
+                ),
+                true,
+            ));
+        }
+        frames.push(Frame {
+            first_seq,
+            next_seq,
+            body: body.to_vec(),
+        });
+        at += FRAME_HEADER + len;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(n: u8, len: usize) -> Vec<u8> {
+        vec![n; len]
+    }
+
+    fn wal(dir: &Path) -> Wal {
+        Wal::open(dir, true, CHECKPOINT_EVERY).unwrap()
+    }
+
+    #[test]
+    fn frames_written_in_flushes_read_back_in_order() {
+        let t = tempfile::tempdir().unwrap();
+        let w = wal(t.path());
+        w.append(1, 3, &body(1, 10));
+        w.append(3, 4, &body(2, 0));
+        w.flush().unwrap();
+        w.append(4, 9, &body(3, 5000));
+        w.flush().unwrap();
+        w.flush().unwrap(); // nothing pending: nothing written
+        let r = read(t.path()).unwrap();
+        assert_eq!(r.damage, None);
+        assert_eq!(r.torn, None);
+        let seqs: Vec<_> = r.frames.iter().map(|f| (f.first_seq, f.next_seq)).collect();
+        assert_eq!(seqs, [(1, 3), (3, 4), (4, 9)]);
+        assert_eq!(r.frames[2].body, body(3, 5000));
+        assert_eq!(segment_paths(&t.path().join(DIR)).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_full_segment_is_followed_by_a_new_one_and_released_once_covered() {
+        let t = tempfile::tempdir().unwrap();
+        let w = wal(t.path());
+        let big = body(7, (SEGMENT_BYTES / 2) as usize);
+        for s in 0..5u64 {
+            w.append(10 + s, 11 + s, &big);
+            w.flush().unwrap();
+        }
+        let names = segment_paths(&t.path().join(DIR)).unwrap();
+        // 16 MiB each: frames 10, 11 in the first; 12, 13 in the second; 14.
+        assert_eq!(names.len(), 3, "{names:?}");
+        assert!(names[1].ends_with("00000000000000000012.wal"), "{names:?}");
+        let r = read(t.path()).unwrap();
+        assert_eq!(r.frames.len(), 5);
+        assert_eq!(r.damage, None);
+        w.release(12).unwrap(); // the second holds 13: kept
+        assert_eq!(segment_paths(&t.path().join(DIR)).unwrap().len(), 2);
+        w.release(14).unwrap(); // the current one is never deleted here
+        let left = segment_paths(&t.path().join(DIR)).unwrap();
+        assert_eq!(left.len(), 1);
+        assert!(left[0].ends_with("00000000000000000014.wal"));
+        w.clear().unwrap();
+        assert!(read(t.path()).unwrap().frames.is_empty());
+        // A flush after the clear begins a new segment.
+        w.append(15, 16, &body(1, 3));
+        w.flush().unwrap();
+        assert_eq!(read(t.path()).unwrap().frames.len(), 1);
+    }
+
+    fn only_segment(dir: &Path) -> PathBuf {
+        let p = segment_paths(&dir.join(DIR)).unwrap();
+        assert_eq!(p.len(), 1);
+        p[0].clone()
+    }
+
+    #[test]
+    fn a_cut_last_frame_is_torn_not_damage_and_frames_before_it_stay() {
+        let t = tempfile::tempdir().unwrap();
+        let w = wal(t.path());
+        w.append(1, 2, &body(1, 100));
+        w.append(2, 3, &body(2, 100));
+        w.flush().unwrap();
+        let path = only_segment(t.path());
+        let end = (HEADER + 2 * (FRAME_HEADER + 100)) as u64;
+        // A real truncation, in the middle of the second frame.
+        File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(end - 30)
+            .unwrap();
+        let r = read(t.path()).unwrap();
+        assert_eq!(r.frames.len(), 1);
+        assert_eq!(r.damage, None);
+        assert!(
+            r.torn.as_deref().unwrap().contains("cut short"),
+            "{:?}",
+            r.torn
+        );
+    }
+
+    #[test]
+    fn a_flipped_byte_stops_reading_and_is_damage_when_frames_follow() {
+        let t = tempfile::tempdir().unwrap();
+        let w = wal(t.path());
+        for s in 1..=3 {
+            w.append(s, s + 1, &body(s as u8, 50));
+        }
+        w.flush().unwrap();
+        let path = only_segment(t.path());
+        let mut bytes = fs::read(&path).unwrap();
+        // In the first frame's body.
+        bytes[HEADER + FRAME_HEADER + 10] ^= 0x40;
+        fs::write(&path, &bytes).unwrap();
+        let r = read(t.path()).unwrap();
+        assert!(r.frames.is_empty());
+        let why = r.damage.expect("damage reported");
+        assert!(
+            why.contains("CRC-32") && why.contains(&format!("byte {HEADER}")),
+            "{why}"
+        );
+        // The same flip in the last frame, with nothing after it, is a torn write.
+        let mut bytes = fs::read(&path).unwrap();
+        bytes[HEADER + FRAME_HEADER + 10] ^= 0x40;
+        let last = HEADER + 3 * (FRAME_HEADER + 50) - 5;
+        bytes[last] ^= 0x40;
+        fs::write(&path, &bytes).unwrap();
+        let r = read(t.path()).unwrap();
+        assert_eq!(r.frames.len(), 2);
+        assert_eq!(r.damage, None);
+        assert!(r.torn.is_some());
+    }
+
+    #[test]
+    fn a_frame_that_does_not_follow_ends_the_log_and_a_bad_segment_is_damage() {
+        let t = tempfile::tempdir().unwrap();
+        let w = wal(t.path());
+        w.append(1, 5, &body(1, 8));
+        w.append(7, 8, &body(2, 8)); // events 5 and 6 missing
+        w.flush().unwrap();
+        let r = read(t.path()).unwrap();
+        assert_eq!(r.frames.len(), 1);
+        assert_eq!(r.torn, None);
+        assert!(r.damage.unwrap().contains("ends before event 5"));
+        // A segment that is not one, with a segment after it: damage, and
+        // nothing after it is used.
+        let t = tempfile::tempdir().unwrap();
+        let w = wal(t.path());
+        w.append(1, 5, &body(1, 8));
+        w.flush().unwrap();
+        let d = t.path().join(DIR);
+        fs::write(d.join("00000000000000000005.wal"), b"BERTHWAL").unwrap();
+        let mut header = MAGIC.to_vec();
+        header.extend_from_slice(&[1, 0, 0, 0, 0, 0, 0, 0]);
+        fs::write(d.join("00000000000000000009.wal"), &header).unwrap();
+        let r = read(t.path()).unwrap();
+        assert_eq!(r.frames.len(), 1);
+        let why = r.damage.unwrap();
+        assert!(
+            why.contains("00000000000000000005.wal") && why.contains("not a berth"),
+            "{why}"
+        );
+        // The same bad segment last: a segment whose creation was cut short.
+        fs::remove_file(d.join("00000000000000000009.wal")).unwrap();
+        let r = read(t.path()).unwrap();
+        assert_eq!((r.frames.len(), r.damage), (1, None));
+        assert!(r.torn.is_some());
+    }
+}
