@@ -632,11 +632,13 @@ fn a_repeating_head_shows_repeat_head_task_until_a_worker_takes_it() {
     let cfg = EngineConfig::default();
     let handlers = Arc::new(Handlers::new());
     let (tx, _rx) = crossbeam_channel::unbounded();
+    let commits = s.store.group_commit();
     let env = StepEnv {
         config: &cfg,
         handlers: &handlers,
         budget: s.store.budget(),
         tx: &tx,
+        commits: &commits,
     };
     let id = berth::submit::enqueue_one(&s.store, spec("q", "r"), Placement::Last).unwrap();
     let mut sched = Scheduler::new();

@@ -26,6 +26,7 @@ pub(super) fn job(
 ) -> Job {
     let handlers = env.handlers.clone();
     let tx = env.tx.clone();
+    let commits = env.commits.clone();
     let budget = *env.budget;
     let node = env.config.node.clone();
     Box::new(move || {
@@ -37,13 +38,19 @@ pub(super) fn job(
         } else {
             run(&handlers, &budget, node, task, live.clone())
         };
-        let _ = tx.send(Msg::Done(Completion {
+        // The step that records it will commit soon: a flush about to
+        // begin waits for it, and carries it with the completions beside it.
+        commits.coming();
+        let sent = tx.send(Msg::Done(Completion {
             id,
             queue,
             outcome,
             duration_ms: started.elapsed().as_millis() as u64,
             output: Box::new(live.captured()),
         }));
+        if sent.is_err() {
+            commits.arrived(1);
+        }
     })
 }
 

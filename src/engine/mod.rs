@@ -139,6 +139,8 @@ pub struct Engine {
     pool: Pool,
     tx: Sender<Msg>,
     rx: Receiver<Msg>,
+    /// The store's group commit, where workers announce their completions.
+    commits: Arc<crate::store::durability::GroupCommit>,
     stop: Arc<AtomicBool>,
     sched: Mutex<Scheduler>,
     /// Recovered (interrupted) tasks were reported to their group parents.
@@ -230,8 +232,10 @@ impl Engine {
         let sched = Scheduler::for_node(config.routing());
         let live = sched.live();
         let started_ms = store.clock().now_ms();
+        let commits = store.group_commit();
         Ok(Engine {
             store,
+            commits,
             handlers: Arc::new(handlers),
             config,
             pool,
@@ -385,6 +389,7 @@ impl Engine {
             handlers: &self.handlers,
             budget: self.store.budget(),
             tx: &self.tx,
+            commits: &self.commits,
         }
     }
 
@@ -403,10 +408,14 @@ impl Engine {
         // dropped, so are the parents it was to update.
         sched.parents_due.clear();
         let mut progress = inbox.done.len() + inbox.cancels.len();
+        let mut arriving = inbox.done.len();
         let mut done = inbox.done.into_iter().peekable();
         let mut answers = Vec::new();
         loop {
             let mut w = self.store.write();
+            // The completions announced by their workers have begun their
+            // transaction: this one.
+            self.commits.arrived(std::mem::take(&mut arriving));
             // Completions (and the follow-ups they add) record work already
             // under way: they may use the disk reserve.
             w.use_reserve();
@@ -598,6 +607,8 @@ impl Engine {
                 break;
             }
         }
+        // Completions the loop will not take announce nothing any more.
+        self.commits.arrived(usize::MAX);
         if let Err(e) = self.store.flush() {
             log::error!("final flush failed: {e}");
         }

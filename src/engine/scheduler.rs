@@ -163,6 +163,9 @@ pub struct StepEnv<'a> {
     pub handlers: &'a Arc<Handlers>,
     pub budget: &'a Budget,
     pub tx: &'a Sender<Msg>,
+    /// Where a worker announces its completion's coming step, so that a
+    /// flush under way waits for it (`GroupCommit::coming`).
+    pub commits: &'a Arc<crate::store::durability::GroupCommit>,
 }
 
 impl Scheduler {

@@ -234,6 +234,12 @@ impl Store {
         self.commit.abandon();
     }
 
+    /// The group-commit rendezvous, to announce transactions that will begin
+    /// soon (`GroupCommit::coming`) from threads that hold no transaction.
+    pub fn group_commit(&self) -> Arc<GroupCommit> {
+        self.commit.clone()
+    }
+
     /// Checks the space for a commit of new work whose record is `bytes` long.
     pub(crate) fn check_space(&self, bytes: usize) -> Result<(), SpaceError> {
         health::check_space(&self.dir, self.reserve, health::need_for_record(bytes))

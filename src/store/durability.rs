@@ -36,6 +36,20 @@ struct State {
     flush_stats: FlushStats,
     /// Transactions begun but not yet published or dropped.
     in_flight: usize,
+    /// Transactions announced but not begun yet (`coming`): an engine's
+    /// completions on their way to the step that records them.
+    coming: usize,
+    /// When the last one was announced: announcements older than
+    /// [`GATHER`] are not waited for (one never taken cannot hold flushes).
+    coming_at: Option<std::time::Instant>,
+}
+
+impl State {
+    /// Whether a flush leader should wait for a transaction under way.
+    fn under_way(&self) -> bool {
+        self.in_flight > 0
+            || (self.coming > 0 && self.coming_at.is_some_and(|t| t.elapsed() < GATHER))
+    }
 }
 
 /// How long a flush leader waits for transactions already under way, so
@@ -73,9 +87,28 @@ impl GroupCommit {
 
     /// Wakes a gathering flush leader once no transaction is under way.
     fn note_gathered(&self, st: &State) {
-        if st.in_flight == 0 && st.flushing {
+        if !st.under_way() && st.flushing {
             self.gathered.notify_all();
         }
+    }
+
+    /// Announces a transaction that will begin soon (a task's completion
+    /// sent to the engine's loop), so that a flush leader gathering the
+    /// transactions under way waits for it too (at most [`GATHER`]).
+    pub fn coming(&self) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.coming += 1;
+        st.coming_at = Some(std::time::Instant::now());
+    }
+
+    /// `n` announced transactions have begun (or will not come).
+    pub fn arrived(&self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.coming = st.coming.saturating_sub(n);
+        self.note_gathered(&st);
     }
 
     /// Records that a begun transaction's record is written and its key
@@ -104,7 +137,7 @@ impl GroupCommit {
                 st.flushing = true;
                 // Let transactions already under way join this flush.
                 let deadline = std::time::Instant::now() + GATHER;
-                while st.in_flight > 0 {
+                while st.under_way() {
                     let left = deadline.saturating_duration_since(std::time::Instant::now());
                     if left.is_zero() {
                         break;
@@ -216,6 +249,31 @@ mod tests {
     use super::*;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU64, Ordering};
+
+    #[test]
+    fn an_announced_transaction_is_waited_for_until_it_begins_or_grows_old() {
+        let gc = GroupCommit::default();
+        assert!(!gc.state.lock().unwrap().under_way());
+        gc.coming();
+        gc.coming();
+        assert!(gc.state.lock().unwrap().under_way());
+        gc.arrived(1);
+        assert!(gc.state.lock().unwrap().under_way(), "one is still coming");
+        // It begins: a transaction under way, then published.
+        gc.begin();
+        gc.arrived(1);
+        assert!(gc.state.lock().unwrap().under_way());
+        gc.published();
+        assert!(!gc.state.lock().unwrap().under_way());
+        // One that never comes holds nobody past `GATHER`.
+        gc.coming();
+        gc.state.lock().unwrap().coming_at = std::time::Instant::now().checked_sub(GATHER * 2);
+        assert!(!gc.state.lock().unwrap().under_way());
+        // `arrived` of more than were announced (the engine's loop ending)
+        // leaves nothing behind.
+        gc.arrived(usize::MAX);
+        assert_eq!(gc.state.lock().unwrap().coming, 0);
+    }
 
     #[test]
     fn every_commit_is_on_disk_when_its_wait_returns() {
