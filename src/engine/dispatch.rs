@@ -175,6 +175,8 @@ impl Scheduler {
             repeat: false,
             cancel: false,
         });
+        // Its progress view, while every child is in this transaction.
+        w.track_group(parent.id)?;
         // A group whose children all finished before a crash finishes now.
         let any_live = parent.children.iter().any(|c| match w.task(*c) {
             Err(WriteError::NoSuchTask(_)) => false,

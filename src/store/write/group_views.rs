@@ -27,11 +27,7 @@ impl WriteTxn<'_> {
             let p = self.live(parent, "update it")?;
             (p.failures, p.name.clone())
         };
-        if !self.inner().groups.contains_key(&parent) {
-            let view = self.read_group(parent)?;
-            self.inner().groups.insert(parent, view);
-            self.groups_built.push(parent);
-        }
+        self.track_group(parent)?;
         let changed: Vec<u64> = self
             .group_touched
             .iter()
@@ -46,6 +42,20 @@ impl WriteTxn<'_> {
         }
         let view = &self.inner().groups[&parent];
         Ok(view.progress(failures, &name, child_failures))
+    }
+
+    /// Builds group `parent`'s view now if the store has none, from what
+    /// this transaction sees. A group's dispatch calls it once its children
+    /// are placed: they are all in the transaction then, so the view costs
+    /// no read of the store (built at the first progress instead, it read
+    /// every child again).
+    pub fn track_group(&mut self, parent: u64) -> Result<(), WriteError> {
+        if !self.inner().groups.contains_key(&parent) {
+            let view = self.read_group(parent)?;
+            self.inner().groups.insert(parent, view);
+            self.groups_built.push(parent);
+        }
+        Ok(())
     }
 
     /// Every child of `parent`, read.
