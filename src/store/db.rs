@@ -729,7 +729,7 @@ pub(crate) fn checkpoint_sled(
     files: &DbFiles,
     failed: &Failed,
 ) -> std::io::Result<()> {
-    let upto = wal.appended_upto();
+    let upto = wal.begin_checkpoint();
     flush_durable(tree, files, failed)?;
     // A segment left behind is read again at the next open and skipped
     // there: not a reason to stop writing.

@@ -136,13 +136,19 @@ impl Wal {
         encode_frame(&mut p.buf, first_seq, next_seq, body);
     }
 
-    /// The first event number of the last frame appended: a sled flush that
-    /// begins now covers every frame up to it.
-    pub fn appended_upto(&self) -> u64 {
-        self.pending
+    /// A sled flush begins: returns the first event number of the last
+    /// frame appended (a flush that begins now covers every frame up to
+    /// it), and counts the log's growth toward the next one from now.
+    pub fn begin_checkpoint(&self) -> u64 {
+        let upto = self
+            .pending
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .last_seq
+            .last_seq;
+        let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        w.since_checkpoint = 0;
+        w.dirty_since = None;
+        upto
     }
 
     /// Writes every pending frame and makes it durable.
@@ -192,15 +198,11 @@ impl Wal {
                 .is_some_and(|t| t.elapsed() >= self.checkpoint_every)
     }
 
-    /// sled has flushed every record up to `upto` (a value of
-    /// [`Wal::appended_upto`] read before the flush began): deletes the
-    /// segments that hold nothing after it.
+    /// sled has flushed every record up to `upto` (what
+    /// [`Wal::begin_checkpoint`] said before the flush began): deletes the
+    /// closed segments that hold nothing after it.
     pub fn release(&self, upto: u64) -> io::Result<()> {
         let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        if w.current.as_ref().is_some_and(|s| s.last_seq <= upto) {
-            w.since_checkpoint = 0;
-            w.dirty_since = None;
-        }
         let (done, keep): (Vec<Segment>, Vec<Segment>) =
             w.closed.drain(..).partition(|s| s.last_seq <= upto);
         w.closed = keep;
@@ -482,6 +484,11 @@ mod tests {
         let r = read(t.path()).unwrap();
         assert_eq!(r.frames.len(), 5);
         assert_eq!(r.damage, None);
+        // 40 MiB since the start: sled's flush is due; once it begins, the
+        // count starts again.
+        assert!(w.checkpoint_due());
+        assert_eq!(w.begin_checkpoint(), 14);
+        assert!(!w.checkpoint_due());
         w.release(12).unwrap(); // the second holds 13: kept
         assert_eq!(segment_paths(&t.path().join(DIR)).unwrap().len(), 2);
         w.release(14).unwrap(); // the current one is never deleted here
