@@ -6,9 +6,13 @@
 //! everything published so far, the others wait for it, so N producers cost
 //! about one flush and fsync per round, not N.
 //!
-//! `batched`: a commit returns once its record is written in sled's memory;
-//! a background thread flushes every `interval`. A crash loses at most the
-//! commits of the last interval plus one flush.
+//! `batched`: a commit returns once its record is written in sled's memory
+//! and the write-ahead log's pending buffer; a background thread flushes
+//! the log every `interval`. A crash loses at most the commits of the last
+//! interval plus one flush.
+//!
+//! A flush here is the write-ahead log's (`wal`): one `pwrite` and one
+//! `fdatasync`.
 
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
@@ -204,8 +208,8 @@ pub const FLUSH_BOUNDS: [f64; 14] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
-/// The durations of the flushes since the store was opened (sled's flush
-/// and berth's fsyncs), in memory.
+/// The durations of the flushes since the store was opened (the
+/// write-ahead log's write and `fdatasync`), in memory.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct FlushStats {
     pub count: u64,
