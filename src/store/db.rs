@@ -24,7 +24,7 @@ use crate::store::health::{self, Failed, SpaceError};
 use crate::store::keys::{self, EVENT, HISTORY, TASK};
 use crate::store::lock::{DirLock, Role};
 use crate::store::order::Order;
-use crate::store::overlay::Overlay;
+use crate::store::overlay::{Overlay, Trees};
 use crate::store::records;
 use crate::store::wal::Wal;
 use crate::store::write::WriteTxn;
@@ -174,11 +174,13 @@ impl Store {
         if let Some(why) = self.failure() {
             return Err(crate::store::WriteError::Failed(why));
         }
-        if let Err(e) = self
-            .trees
-            .main
-            .insert(keys::META_PARALLEL, codec::encode(&(n as u64)))
-        {
+        let written = {
+            let _writing = self.trees.writing();
+            self.trees
+                .main
+                .insert(keys::META_PARALLEL, codec::encode(&(n as u64)))
+        };
+        if let Err(e) = written {
             self.failed.fail(&self.trees.main, &e);
             return Err(e.into());
         }
@@ -258,7 +260,11 @@ impl Store {
         writes: Vec<KeyWrite>,
     ) -> Result<u64, WriteError> {
         self.overlay.wait_for_room();
-        if let Err(e) = records::writes(first_seq, &record).apply(&self.trees.main) {
+        let written = {
+            let _writing = self.trees.writing();
+            records::writes(first_seq, &record).apply(&self.trees.main)
+        };
+        if let Err(e) = written {
             self.failed.fail(&self.trees.main, &e);
             return Err(WriteError::Database(e));
         }
@@ -298,7 +304,7 @@ impl Store {
     /// (meta keys, the log's cut), at a close, and in the background.
     pub(crate) fn flush_sled(&self) -> std::io::Result<()> {
         match &self.wal {
-            Some(wal) => checkpoint_sled(wal, &self.trees.main, &self.files, &self.failed),
+            Some(wal) => checkpoint_sled(wal, &self.trees, &self.files, &self.failed),
             None => Ok(()),
         }
     }
@@ -611,7 +617,11 @@ impl Store {
         if let Some(why) = self.failure() {
             return Err(WriteError::Failed(why));
         }
-        if let Err(e) = self.trees.main.insert(keys::META_NODE, codec::encode(node)) {
+        let written = {
+            let _writing = self.trees.writing();
+            self.trees.main.insert(keys::META_NODE, codec::encode(node))
+        };
+        if let Err(e) = written {
             self.failed.fail(&self.trees.main, &e);
             return Err(e.into());
         }
@@ -723,14 +733,26 @@ fn flush_wal(wal: &Wal, tree: &sled::Db, failed: &Failed) -> std::io::Result<()>
 }
 
 /// A durable sled flush, then the write-ahead segments it covered deleted.
+/// sled is flushed once beside the writers (most of the work), then again,
+/// with its files synced, while no write to sled is under way
+/// (`Trees::quiet`): what the syncs capture is a state sled finished
+/// writing.
 pub(crate) fn checkpoint_sled(
     wal: &Wal,
-    tree: &sled::Db,
+    trees: &Trees,
     files: &DbFiles,
     failed: &Failed,
 ) -> std::io::Result<()> {
     let upto = wal.begin_checkpoint();
-    flush_durable(tree, files, failed)?;
+    check_not_failed(failed)?;
+    if let Err(e) = trees.main.flush() {
+        failed.fail(&trees.main, &e);
+        return Err(std::io::Error::other(e));
+    }
+    {
+        let _quiet = trees.quiet();
+        flush_durable(&trees.main, files, failed)?;
+    }
     // A segment left behind is read again at the next open and skipped
     // there: not a reason to stop writing.
     if let Err(e) = wal.release(upto) {
@@ -774,7 +796,7 @@ const CHECKPOINT_POLL: Duration = Duration::from_millis(100);
 /// (`Wal::checkpoint_due`), so that the log's segments can go; and writes
 /// the log's pending frames once there are many (`Wal::pending_full`).
 pub(crate) fn spawn_sled_flusher(
-    tree: sled::Db,
+    trees: Trees,
     wal: Arc<Wal>,
     files: Arc<DbFiles>,
     failed: Arc<Failed>,
@@ -792,14 +814,14 @@ pub(crate) fn spawn_sled_flusher(
                     continue;
                 }
                 if wal.pending_full()
-                    && let Err(e) = flush_wal(&wal, &tree, &failed)
+                    && let Err(e) = flush_wal(&wal, &trees.main, &failed)
                 {
                     log::error!("writing the write-ahead log failed: {e}");
                 }
                 if !wal.checkpoint_due() {
                     continue;
                 }
-                if let Err(e) = checkpoint_sled(&wal, &tree, &files, &failed) {
+                if let Err(e) = checkpoint_sled(&wal, &trees, &files, &failed) {
                     log::error!("flushing sled failed: {e}");
                 }
             }
@@ -834,7 +856,11 @@ impl Drop for Store {
         // Everything, including what the applier wrote after the last
         // commit's flush, so that a closed data dir is whole in sled and
         // its write-ahead log is empty.
-        match flush_durable(&self.trees.main, &self.files, &self.failed) {
+        let flushed = {
+            let _quiet = self.trees.quiet();
+            flush_durable(&self.trees.main, &self.files, &self.failed)
+        };
+        match flushed {
             Ok(()) => {
                 if let Err(e) = wal.clear() {
                     log::warn!(

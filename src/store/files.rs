@@ -217,6 +217,45 @@ pub(crate) struct DbFiles {
     synced: Mutex<(BTreeSet<OsString>, BTreeSet<OsString>)>,
 }
 
+/// Where berth keeps a second name (a hard link) for each of sled's blob
+/// files that the last durable sled state may refer to.
+///
+/// sled deletes a blob file once the page that referred to it is written
+/// anew; the deletion is a metadata change that the file system may make
+/// durable at once (any `fsync`, the journal's own commit), while sled's
+/// log is synced only at berth's next sled flush (`wal`). A power cut in
+/// between left a durable sled log that referred to a deleted blob, which
+/// sled 0.34 cannot read ("tried to serialize Uninitialized": 5 LazyFS
+/// power cuts in 80). With a second name, the file's data stays; opening
+/// gives it its first name back ([`restore_kept_blobs`]) before sled reads
+/// anything. A kept name goes once a sync of sled's log that came after the
+/// blob's deletion has returned.
+pub const KEPT_BLOBS: &str = "blobs-kept";
+
+/// Before sled opens: every kept blob whose file in `db/blobs/` is gone
+/// gets it back (a hard link). Returns how many.
+pub(crate) fn restore_kept_blobs(db: &Path) -> io::Result<usize> {
+    let kept = db.join(KEPT_BLOBS);
+    if !kept.exists() {
+        return Ok(0);
+    }
+    let blobs = db.join("blobs");
+    let mut restored = 0;
+    for entry in fs::read_dir(&kept)? {
+        let entry = entry?;
+        let to = blobs.join(entry.file_name());
+        if !to.exists() {
+            private_dir(&blobs)?;
+            fs::hard_link(entry.path(), &to)?;
+            restored += 1;
+        }
+    }
+    if restored > 0 {
+        fsync_dir(&blobs)?;
+    }
+    Ok(restored)
+}
+
 impl DbFiles {
     /// Takes sled's files in `DIR/db` (after sled opened them) and makes all
     /// of them, the directories and the data dir durable and private.
@@ -259,11 +298,56 @@ impl DbFiles {
         let mut synced = self.synced.lock().unwrap_or_else(|p| p.into_inner());
         let (in_db, in_blobs) = &mut *synced;
         let blobs = self.db.join("blobs");
-        if blobs.exists() {
-            sync_new_files(&blobs, in_blobs, blob_complete)?;
-        }
+        // The blob files there before the log's sync: one missing from it
+        // was deleted before, so the state that sync makes durable no
+        // longer refers to it.
+        let present = match blobs.exists() {
+            true => Some(sync_new_files(&blobs, in_blobs, blob_complete)?),
+            false => None,
+        };
         self.log.sync_data()?;
-        sync_new_files(&self.db, in_db, |_| Ok(true))
+        sync_new_files(&self.db, in_db, |_| Ok(true))?;
+        if let Some(present) = present {
+            self.keep_blobs(&blobs, in_blobs, &present)?;
+        }
+        Ok(())
+    }
+
+    /// Gives every synced blob file a kept name, and drops the kept names
+    /// of the blob files that were gone before the last log sync (see
+    /// [`KEPT_BLOBS`]).
+    fn keep_blobs(
+        &self,
+        blobs: &Path,
+        synced: &BTreeSet<OsString>,
+        present: &BTreeSet<OsString>,
+    ) -> io::Result<()> {
+        let kept = self.db.join(KEPT_BLOBS);
+        private_dir(&kept)?;
+        let mut have = BTreeSet::new();
+        for entry in fs::read_dir(&kept)? {
+            have.insert(entry?.file_name());
+        }
+        let mut changed = false;
+        for name in synced.difference(&have) {
+            match fs::hard_link(blobs.join(name), kept.join(name)) {
+                Ok(()) => changed = true,
+                // Deleted meanwhile: the durable state is past it.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        for name in have.difference(present) {
+            match fs::remove_file(kept.join(name)) {
+                Ok(()) => changed = true,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if changed {
+            fsync_dir(&kept)?;
+        }
+        Ok(())
     }
 }
 
@@ -285,17 +369,20 @@ fn blob_complete(f: &mut File) -> io::Result<bool> {
 
 /// Syncs (and makes private) every regular file in `dir` that is not in
 /// `synced` and that `complete` accepts, then the directory itself if there
-/// was one. `synced` becomes the names synced and still present.
+/// was one. `synced` becomes the names synced and still present. Returns
+/// every name `dir` held.
 fn sync_new_files(
     dir: &Path,
     synced: &mut BTreeSet<OsString>,
     complete: impl Fn(&mut File) -> io::Result<bool>,
-) -> io::Result<()> {
+) -> io::Result<BTreeSet<OsString>> {
     let mut now = BTreeSet::new();
+    let mut listed = BTreeSet::new();
     let mut new = false;
     for entry in fs::read_dir(dir)? {
         let entry = entry?;
         let name = entry.file_name();
+        listed.insert(name.clone());
         if !synced.contains(&name) {
             let path = entry.path();
             let meta = match fs::symlink_metadata(&path) {
@@ -326,12 +413,58 @@ fn sync_new_files(
         fsync_dir(dir)?;
     }
     *synced = now;
-    Ok(())
+    Ok(listed)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A blob file as sled writes it: CRC-32 of the rest, a kind byte, the value.
+    fn blob(value: &[u8]) -> Vec<u8> {
+        let mut rest = vec![1u8];
+        rest.extend_from_slice(value);
+        let mut out = crc32fast::hash(&rest).to_le_bytes().to_vec();
+        out.extend_from_slice(&rest);
+        out
+    }
+
+    #[test]
+    fn a_blob_sled_deleted_after_the_last_log_sync_is_given_back_and_dropped_after_the_next() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join(DB);
+        fs::create_dir_all(db.join("blobs")).unwrap();
+        fs::write(db.join("db"), b"log").unwrap();
+        let (a, b) = (db.join("blobs/0000000001"), db.join("blobs/0000000002"));
+        fs::write(&a, blob(b"first")).unwrap();
+        // Being written: its CRC does not check yet, so it is not kept.
+        fs::write(&b, b"\0\0\0\0half").unwrap();
+        let files = DbFiles::open(dir.path(), true).unwrap();
+        let kept = db.join(KEPT_BLOBS);
+        assert!(kept.join("0000000001").exists());
+        assert!(!kept.join("0000000002").exists());
+
+        // sled deletes the first after a rewrite; a power cut comes before
+        // the next sync of its log: opening gives it back, whole.
+        fs::remove_file(&a).unwrap();
+        assert_eq!(restore_kept_blobs(&db).unwrap(), 1);
+        assert_eq!(fs::read(&a).unwrap(), blob(b"first"));
+        assert_eq!(
+            restore_kept_blobs(&db).unwrap(),
+            0,
+            "nothing more to give back"
+        );
+
+        // Deleted again, then a sync of the log: that state no longer
+        // refers to it, so its kept name goes; the finished second is kept.
+        fs::remove_file(&a).unwrap();
+        fs::write(&b, blob(b"second")).unwrap();
+        files.sync().unwrap();
+        assert!(!kept.join("0000000001").exists());
+        assert!(kept.join("0000000002").exists());
+        assert_eq!(restore_kept_blobs(&db).unwrap(), 0);
+        assert!(!a.exists());
+    }
 
     #[test]
     fn leftover_snapshots_are_removed_and_a_lost_database_is_named() {

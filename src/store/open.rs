@@ -177,6 +177,20 @@ fn open_sled(dir: &Path, db: &Path, opts: &Options) -> Result<Trees, OpenError> 
             path.display()
         );
     }
+    match files::restore_kept_blobs(db) {
+        Ok(0) => {}
+        Ok(n) => log::info!(
+            "{}: {n} blob file(s) sled deleted after its last durable state given back \
+             (see files::KEPT_BLOBS)",
+            dir.display()
+        ),
+        Err(source) => {
+            return Err(OpenError::Io {
+                dir: dir.to_path_buf(),
+                source,
+            });
+        }
+    }
     let config = sled::Config::new()
         .path(db)
         .cache_capacity(opts.cache_bytes)
@@ -807,7 +821,7 @@ impl Store {
         let sled_flusher = match &wal {
             Some(wal) => Some(
                 super::db::spawn_sled_flusher(
-                    trees.main.clone(),
+                    trees.clone(),
                     wal.clone(),
                     files.clone(),
                     failed.clone(),

@@ -174,7 +174,10 @@ impl Overlay {
 
     /// Writes `mapplied` = `record`, then notes it (see [`Overlay::marked`]).
     fn write_mark(&self, trees: &Trees, record: u64) -> Result<(), sled::Error> {
-        write_mark(&trees.main, record)?;
+        {
+            let _writing = trees.writing();
+            write_mark(&trees.main, record)?;
+        }
         self.marked(record);
         Ok(())
     }
@@ -336,16 +339,38 @@ fn lower_priority() {
 /// batch enqueue): each counter update rewrote them, as blob files, and the
 /// engine ran at less than half speed. In their own tree their leaf holds
 /// only counters.
+///
+/// `quiet` is the gate that lets sled's files be synced while nothing
+/// writes to sled: every write to the trees after open holds it shared (a
+/// key at a time, see [`Trees::writing`]), and the sled flusher holds it
+/// alone while it flushes sled and syncs its files (`db.rs`
+/// `checkpoint_sled`), so that the syncs capture a state sled finished
+/// writing (sled 0.34 writes its buffers on several threads, out of order).
 #[derive(Clone)]
 pub(crate) struct Trees {
     pub main: sled::Db,
     pub counters: sled::Tree,
+    quiet: Arc<std::sync::RwLock<()>>,
 }
 
 impl Trees {
     pub fn open(main: sled::Db) -> Result<Trees, sled::Error> {
         let counters = main.open_tree(keys::COUNTERS_TREE)?;
-        Ok(Trees { main, counters })
+        Ok(Trees {
+            main,
+            counters,
+            quiet: Arc::default(),
+        })
+    }
+
+    /// Held while writing to sled (shared with other writers).
+    pub fn writing(&self) -> std::sync::RwLockReadGuard<'_, ()> {
+        self.quiet.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Held while sled's files are synced: no write to sled is under way.
+    pub fn quiet(&self) -> std::sync::RwLockWriteGuard<'_, ()> {
+        self.quiet.write().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The tree that holds `key`.
@@ -367,6 +392,7 @@ impl Trees {
 
     fn apply_one(&self, key: &[u8], value: Option<&[u8]>) -> Result<(), sled::Error> {
         let tree = self.for_key(key);
+        let _writing = self.writing();
         match value {
             Some(v) => tree.insert(key, v)?,
             None => tree.remove(key)?,

@@ -222,7 +222,11 @@ impl Store {
             batch.remove(k);
         }
         batch.insert(keys::META_LOG_START, codec::encode(&(cut.upto + 1)));
-        if let Err(e) = self.trees.main.apply_batch(batch) {
+        let written = {
+            let _writing = self.trees.writing();
+            self.trees.main.apply_batch(batch)
+        };
+        if let Err(e) = written {
             self.failed.fail(&self.trees.main, &e);
             return Err(WriteError::Database(e));
         }
