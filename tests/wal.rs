@@ -23,6 +23,7 @@ const COMMITS: u64 = 300;
 
 fn options() -> Options {
     Options {
+        write_ahead_log: true,
         sled_flush_every: Duration::from_secs(3600),
         ..Options::default()
     }

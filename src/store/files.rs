@@ -400,9 +400,17 @@ fn sync_new_files(
                 if !complete(&mut f)? {
                     continue;
                 }
-                f.sync_all()?;
-                if meta.mode() & 0o7777 != FILE_MODE {
-                    f.set_permissions(Permissions::from_mode(FILE_MODE))?;
+                // A file removed after it was opened needs no sync. (A FUSE
+                // file system that answers by path, as LazyFS does, then
+                // says "not found" to the fsync or the chmod.)
+                let synced = f.sync_all().and_then(|()| match meta.mode() & 0o7777 {
+                    FILE_MODE => Ok(()),
+                    _ => f.set_permissions(Permissions::from_mode(FILE_MODE)),
+                });
+                match synced {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound && !path.exists() => continue,
+                    Err(e) => return Err(e),
                 }
             }
             new = true;

@@ -726,7 +726,7 @@ impl Store {
                     let wal = Wal::open(&db, opts.power_safe, opts.sled_flush_every)
                         .map_err(|e| o.io(e))?;
                     wal.clear().map_err(|e| o.io(e))?;
-                    Some(Arc::new(wal))
+                    opts.write_ahead_log.then(|| Arc::new(wal))
                 }
             };
             // The queue keys and (to write) the live tasks are read side by
@@ -805,10 +805,11 @@ impl Store {
         let overlay = Arc::new(Overlay::new(replayed.last_record));
         let applier = overlay.spawn(trees.clone(), failed.clone()).map_err(io)?;
         let commit = Arc::new(GroupCommit::default());
-        let flusher = match (opts.durability, &wal) {
-            (Durability::Batched { interval }, Some(wal)) => Some(
+        let flusher = match opts.durability {
+            Durability::Batched { interval } if !opts.read_only => Some(
                 super::db::spawn_flusher(
-                    trees.main.clone(),
+                    trees.clone(),
+                    files.clone(),
                     wal.clone(),
                     failed.clone(),
                     commit.clone(),

@@ -62,6 +62,7 @@ fn store() -> &'static Store {
             create: true,
             cache_bytes: 1 << 20,
             power_safe: false,
+            write_ahead_log: false,
             sled_flush_every: Duration::from_secs(3600),
             read_only: false,
             disk_reserve: 0,
