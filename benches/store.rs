@@ -76,6 +76,8 @@ fn open_store(dir: &std::path::Path, power_safe: bool) -> Store {
         Options {
             durability: Durability::Sync,
             power_safe,
+            // `BERTH_BENCH_WAL=1`: with the write-ahead log (an option).
+            write_ahead_log: std::env::var_os("BERTH_BENCH_WAL").is_some(),
             ..Options::default()
         },
         berth::clock::system(),
