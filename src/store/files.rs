@@ -206,6 +206,14 @@ pub(crate) fn copy_for_reading(dir: &Path) -> io::Result<tempfile::TempDir> {
     Ok(tmp)
 }
 
+/// What [`DbFiles::sync`] remembers between flushes.
+#[derive(Debug, Default)]
+struct Synced {
+    in_db: BTreeSet<OsString>,
+    in_blobs: BTreeSet<OsString>,
+    kept_for: Option<(BTreeSet<OsString>, BTreeSet<OsString>)>,
+}
+
 /// sled's files, for making them durable after each flush.
 #[derive(Debug)]
 pub(crate) struct DbFiles {
@@ -213,8 +221,10 @@ pub(crate) struct DbFiles {
     log: File,
     /// Sync at all (off only to measure what it costs).
     enabled: bool,
-    /// Names already synced in `db/` and in `db/blobs/`.
-    synced: Mutex<(BTreeSet<OsString>, BTreeSet<OsString>)>,
+    /// Names already synced in `db/` and in `db/blobs/`, and the blob
+    /// names (synced, listed) the kept names were last brought up to date
+    /// with: most flushes change no blob, and then do no more work.
+    synced: Mutex<Synced>,
 }
 
 /// Where berth keeps a second name (a hard link) for each of sled's blob
@@ -271,7 +281,7 @@ impl DbFiles {
             db,
             log,
             enabled: true,
-            synced: Mutex::new((BTreeSet::new(), BTreeSet::new())),
+            synced: Mutex::default(),
         };
         files.sync()?;
         fsync_dir(dir)?;
@@ -285,7 +295,7 @@ impl DbFiles {
             db: db.to_path_buf(),
             log: File::open(db.join("db"))?,
             enabled: false,
-            synced: Mutex::new((BTreeSet::new(), BTreeSet::new())),
+            synced: Mutex::default(),
         })
     }
 
@@ -296,7 +306,11 @@ impl DbFiles {
             return Ok(());
         }
         let mut synced = self.synced.lock().unwrap_or_else(|p| p.into_inner());
-        let (in_db, in_blobs) = &mut *synced;
+        let Synced {
+            in_db,
+            in_blobs,
+            kept_for,
+        } = &mut *synced;
         let blobs = self.db.join("blobs");
         // The blob files there before the log's sync: one missing from it
         // was deleted before, so the state that sync makes durable no
@@ -308,7 +322,11 @@ impl DbFiles {
         self.log.sync_data()?;
         sync_new_files(&self.db, in_db, |_| Ok(true))?;
         if let Some(present) = present {
-            self.keep_blobs(&blobs, in_blobs, &present)?;
+            let now = (in_blobs.clone(), present);
+            if kept_for.as_ref() != Some(&now) {
+                self.keep_blobs(&blobs, &now.0, &now.1)?;
+                *kept_for = Some(now);
+            }
         }
         Ok(())
     }
@@ -533,7 +551,7 @@ mod tests {
         fs::write(&blob, &bytes).unwrap();
         fs::set_permissions(&blob, Permissions::from_mode(0o644)).unwrap();
         files.sync().unwrap();
-        assert!(files.synced.lock().unwrap().1.is_empty());
+        assert!(files.synced.lock().unwrap().in_blobs.is_empty());
         assert_eq!(fs::metadata(&blob).unwrap().mode() & 0o7777, 0o644);
         bytes.extend_from_slice(body);
         fs::write(&blob, &bytes).unwrap();
@@ -544,11 +562,11 @@ mod tests {
                 .synced
                 .lock()
                 .unwrap()
-                .1
+                .in_blobs
                 .contains(&OsString::from("123"))
         );
         fs::remove_file(&blob).unwrap();
         files.sync().unwrap();
-        assert!(files.synced.lock().unwrap().1.is_empty());
+        assert!(files.synced.lock().unwrap().in_blobs.is_empty());
     }
 }
