@@ -37,7 +37,8 @@
 //! `BERTH_BENCH_SCALE_N` (a multiple of 10,000; default 1,000,000) shrinks
 //! the data dir while developing; the figures keep their names, and the
 //! first and last windows become a tenth of the batches each when that is
-//! fewer than 10.
+//! fewer than 10. `BERTH_BENCH_SCALE_KEEP=DIR` copies the data dir to DIR
+//! (`cp -a`) before it is removed, to profile an open or a command on it.
 
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
@@ -232,6 +233,14 @@ pub fn run(want: &dyn Fn(&str) -> bool) {
         if want("queue_list_1m_rss_mib") {
             figure("queue_list_1m_rss_mib", l.rss_kib as f64 / 1024.0, "MiB");
         }
+    }
+    if let Ok(keep) = std::env::var("BERTH_BENCH_SCALE_KEEP") {
+        let status = Command::new("cp")
+            .args(["-a", &dir.path().display().to_string(), &keep])
+            .status()
+            .expect("cp");
+        assert!(status.success(), "copying the data dir to {keep}");
+        eprintln!("scale: kept a copy in {keep}");
     }
     eprintln!("scale: removing {}", dir.path().display());
 }
