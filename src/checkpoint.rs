@@ -251,7 +251,7 @@ mod tests {
             finished_at: None,
             retry_at: None,
             parent: None,
-            children: Vec::new(),
+            children: Default::default(),
             result: None,
             ttl_ms: Some(60_000),
         }

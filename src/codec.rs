@@ -315,7 +315,7 @@ mod tests {
         };
         let mut t = spec.into_task(42, &Budget::default()).unwrap();
         t.id = 7;
-        t.children = vec![8, 9];
+        t.children = vec![8, 9].into();
         t
     }
 

@@ -133,7 +133,10 @@ fn read_queue(w: &mut WriteTxn<'_>, queue: &str) -> Result<Index, WriteError> {
             continue;
         }
         if let Some(keys) = undispatched_keys(w, &t)? {
-            index.groups.entry(keys).or_insert((id, t.children.clone()));
+            index
+                .groups
+                .entry(keys)
+                .or_insert((id, t.children.to_vec()));
         }
     }
     Ok(index)
@@ -157,7 +160,7 @@ fn waiting(w: &mut WriteTxn<'_>, id: u64) -> Result<Option<Task>, WriteError> {
 /// waits outside every queue) and each has a key.
 fn undispatched_keys(w: &mut WriteTxn<'_>, parent: &Task) -> Result<Option<Vec<Key>>, WriteError> {
     let mut keys = Vec::with_capacity(parent.children.len());
-    for &c in &parent.children {
+    for &c in parent.children.iter() {
         if w.queue_of(c).is_some() {
             return Ok(None);
         }

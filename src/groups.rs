@@ -60,9 +60,10 @@ fn parent_name<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
 
 /// [`parent_name`] of `total` names of which `names` yields the first (it
 /// reads only as many as the name shows).
-fn counted_name<'a>(names: impl Iterator<Item = &'a str>, total: usize) -> String {
+fn counted_name<S: AsRef<str>>(names: impl Iterator<Item = S>, total: usize) -> String {
     let mut list = String::new();
     for (i, n) in names.enumerate() {
+        let n = n.as_ref();
         let sep = if i == 0 { "" } else { ", " };
         if list.len() + sep.len() + n.len() > NAME_LIST_MAX {
             list.push_str(&format!(", … and {} more", total - i));
@@ -320,24 +321,17 @@ impl GroupView {
                 .map(|(i, m)| (self.name_at(*i), m.as_str())),
         );
         let (name, message, finished) = if !self.remaining.is_empty() {
-            let names: Vec<_> = self
-                .remaining
-                .iter()
-                .take(NAME_LIST_MAX / 2 + 1)
-                .map(|i| self.name_at(*i))
-                .collect();
-            let name = counted_name(names.iter().map(|n| n.as_ref()), self.remaining.len());
+            let names = self.remaining.iter().map(|i| self.name_at(*i));
+            let name = counted_name(names, self.remaining.len());
             (name, message, None)
         } else if self.dead > 0 {
             (name.to_string(), message, Some(Status::Failed))
         } else {
             // Finished: the history shows the whole group again.
-            let names: Vec<_> = (0..self.children.len())
+            let names = (0..self.children.len())
                 .filter(|i| self.children[*i].is_some())
-                .take(NAME_LIST_MAX / 2 + 1)
-                .map(|i| self.name_at(i))
-                .collect();
-            let name = counted_name(names.iter().map(|n| n.as_ref()), self.present);
+                .map(|i| self.name_at(i));
+            let name = counted_name(names, self.present);
             (name, None, Some(Status::Succeeded))
         };
         GroupProgress {

@@ -68,7 +68,7 @@ pub struct Task {
     /// The group parent, for a child.
     pub parent: Option<u64>,
     /// The children, for a group parent.
-    pub children: Vec<u64>,
+    pub children: std::sync::Arc<[u64]>,
     /// Output of the last run.
     pub result: Option<Blob>,
     /// The time to live: a task not started within this many milliseconds
@@ -257,7 +257,7 @@ impl TaskSpec {
             finished_at: None,
             retry_at: None,
             parent: None,
-            children: Vec::new(),
+            children: Default::default(),
             result: None,
             ttl_ms: self.ttl.map(|d| d.as_millis() as u64),
         })

@@ -205,7 +205,7 @@ impl Export {
                 }
             }
             let mut seen = BTreeSet::new();
-            for c in &t.children {
+            for c in t.children.iter() {
                 let names_it = by_id.get(c).is_some_and(|ce| ce.task.parent == Some(t.id));
                 if !names_it || !seen.insert(*c) {
                     return bad(format!(
@@ -423,7 +423,7 @@ mod tests {
     /// parallel queue and running), and a finished task.
     fn sample() -> Export {
         let mut parent = task(3, "main", Status::Queued);
-        parent.children = vec![4, 5];
+        parent.children = vec![4, 5].into();
         let mut c1 = task(4, "main", Status::Queued);
         c1.parent = Some(3);
         let mut c2 = task(5, "parallel_queue_0", Status::Running);
@@ -568,11 +568,13 @@ mod tests {
             ),
             (
                 "a child of task 3",
-                Box::new(|x| x.tasks[1].task.children = vec![5]),
+                Box::new(|x| x.tasks[1].task.children = vec![5].into()),
             ),
             (
                 "lists child 9",
-                Box::new(|x| x.tasks[1].task.children.push(9)),
+                Box::new(|x| {
+                    x.tasks[1].task.children = [&x.tasks[1].task.children[..], &[9]].concat().into()
+                }),
             ),
             (
                 "two records",

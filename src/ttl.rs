@@ -137,7 +137,7 @@ mod tests {
         child.parent = Some(1);
         assert_eq!(expires_at(&child, false), None);
         let mut parent = t.clone();
-        parent.children = vec![2, 3];
+        parent.children = vec![2, 3].into();
         assert_eq!(expires_at(&parent, false), Some(11_000));
         assert_eq!(expires_at(&parent, true), None);
     }

@@ -160,7 +160,7 @@ fn a_batch_merges_entry_by_entry_and_groups_merge_whole() {
         5,
         "one merged event per entry"
     );
-    for child in &group.children {
+    for child in group.children.iter() {
         assert_eq!(payload(&store, *child), json!({"v": 7}));
     }
     assert_eq!(count(&store, "ModuleRun", MERGED), 6);

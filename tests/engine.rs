@@ -618,7 +618,7 @@ fn removing_a_parent_removes_its_children() {
     let removed = w.remove(ids[0]).unwrap();
     w.commit().unwrap();
     assert_eq!(removed.len(), 3);
-    for c in children {
+    for &c in children.iter() {
         assert!(s.store.task(c).unwrap().is_none());
     }
     assert_log_agrees(&s.store);
@@ -892,7 +892,7 @@ fn a_parent_is_updated_once_per_step_with_all_its_childrens_failures() {
     );
     let p = store.task(parent).unwrap().unwrap();
     assert_eq!((p.status, p.failures), (Status::Succeeded, 3));
-    for c in children {
+    for &c in children.iter() {
         let t = store.task(c).unwrap().unwrap();
         assert_eq!(
             (t.status, t.attempts, t.failures),

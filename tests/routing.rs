@@ -175,7 +175,7 @@ fn a_group_for_another_node_waits_whole_and_a_nameless_node_runs_no_targeted_tas
     assert_eq!(*runs.lock().unwrap(), vec!["c", "d"]);
     // The parent waits at the head, its children outside every queue.
     assert_eq!(store.queue_ids("main"), vec![ids[0]]);
-    for child in &parent.children {
+    for child in parent.children.iter() {
         assert_eq!(store.queue_of(*child), None);
     }
     let kinds = engine.kinds();

@@ -778,7 +778,7 @@ fn a_parents_children_are_stored_once_apart_and_go_with_it() {
             .expect("a group parent");
         let children = s.task(parent).unwrap().unwrap().children;
         assert_eq!(children.len(), 5);
-        for c in &children {
+        for c in children.iter() {
             assert_eq!(s.task(*c).unwrap().unwrap().parent, Some(parent));
         }
         (parent, children)
@@ -788,10 +788,10 @@ fn a_parents_children_are_stored_once_apart_and_go_with_it() {
     };
     {
         let db = sled::open(dir.path().join("db")).unwrap();
-        assert_eq!(stored(&db).children, vec![0], "the record has the marker");
+        assert_eq!(&stored(&db).children[..], [0], "the record has the marker");
         let list: Vec<u64> =
             berth::codec::decode(&db.get(g_key(parent)).unwrap().unwrap()).unwrap();
-        assert_eq!(list, children);
+        assert_eq!(list[..], children[..]);
         // As a format-4 build stored it: whole, and no `g` key.
         let mut whole = stored(&db);
         whole.children = children.clone();
@@ -813,7 +813,7 @@ fn a_parents_children_are_stored_once_apart_and_go_with_it() {
     }
     {
         let db = sled::open(dir.path().join("db")).unwrap();
-        assert_eq!(stored(&db).children, vec![0], "stored apart at its change");
+        assert_eq!(&stored(&db).children[..], [0], "stored apart at its change");
         assert!(db.get(g_key(parent)).unwrap().is_some());
     }
     let s = open(dir.path(), &clock);

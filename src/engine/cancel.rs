@@ -34,7 +34,9 @@ impl Scheduler {
         // delay) was the head's and must not hold the next task.
         let mut heads = Vec::new();
         let family = match w.task(id) {
-            Ok(t) => std::iter::once(id).chain(t.children.clone()).collect(),
+            Ok(t) => std::iter::once(id)
+                .chain(t.children.iter().copied())
+                .collect(),
             Err(_) => Vec::new(),
         };
         for x in family {

@@ -146,7 +146,7 @@ impl Scheduler {
         let n = env.config.parallel_queues.max(1);
         let mut lens: Vec<usize> = (0..n).map(|i| w.queue_len(&parallel_queue(i))).collect();
         let mut placed = 0;
-        for child in &parent.children {
+        for child in parent.children.iter() {
             if !w.exists(*child) || !w.is_live(*child)? || w.queue_of(*child).is_some() {
                 continue;
             }

@@ -202,7 +202,7 @@ fn collect(
         fetch(view, &mut all, root, id)?;
         let children = all[&root].task.children.clone();
         take.insert(root);
-        for c in children {
+        for &c in children.iter() {
             fetch(view, &mut all, c, root)?;
             take.insert(c);
         }

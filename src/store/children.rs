@@ -34,7 +34,7 @@ pub fn record_bytes(t: &Task) -> Vec<u8> {
         return codec::encode(t);
     }
     let mut stored = t.clone();
-    stored.children = vec![MARKER];
+    stored.children = vec![MARKER].into();
     codec::encode(&stored)
 }
 
@@ -57,6 +57,7 @@ pub fn join(
     let bytes = list(&k)?
         .ok_or_else(|| format!("its children list ({}) is missing", keys::key_display(&k)))?;
     t.children = codec::decode::<Vec<u64>>(&bytes)
+        .map(Into::into)
         .map_err(|e| format!("its children list ({}): {e}", keys::key_display(&k)))?;
     Ok(true)
 }

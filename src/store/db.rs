@@ -111,7 +111,7 @@ pub(crate) struct Inner {
     /// The children lists of live group parents that transactions read
     /// (stored apart, see `children`): a list never changes, so a parent
     /// read at every step of its group decodes it once.
-    pub children: std::collections::HashMap<u64, Vec<u64>>,
+    pub children: std::collections::HashMap<u64, std::sync::Arc<[u64]>>,
 }
 
 pub struct Store {

@@ -150,7 +150,7 @@ impl Model {
         if t.parent.is_some() && self.queued(t.id) {
             return Some("it is a group child that was dispatched".into());
         }
-        for c in &t.children {
+        for c in t.children.iter() {
             let started = match (self.live.get(c), self.history.get(c)) {
                 (Some(ct), _) => {
                     self.queued(*c) || ct.attempts > 0 || ct.status != crate::task::Status::Queued

@@ -157,7 +157,7 @@ fn task(id: u64, queue: &str, parent: Option<u64>, children: Vec<u64>) -> Task {
         finished_at: None,
         retry_at: None,
         parent,
-        children,
+        children: children.into(),
         result: None,
         // Every task may expire (its TTL ran out at 1 + 1000 ms, before the
         // events' time): the model checks the rest (never started, not a

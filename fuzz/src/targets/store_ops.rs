@@ -688,14 +688,16 @@ fn run_batch(store: &Store, m: &mut Model, entries: &[Entry]) {
         let mut parent = build(&groups::parent_spec(&children));
         parent.id = next;
         m.take_id(next);
+        let mut child_ids = Vec::with_capacity(children.len());
         for (k, c) in children.iter().enumerate() {
             let mut t = build(c);
             t.id = next + 1 + k as u64;
             t.parent = Some(parent.id);
-            parent.children.push(t.id);
+            child_ids.push(t.id);
             m.take_id(t.id);
             m.tasks.insert(t.id, (t, Home::Live));
         }
+        parent.children = child_ids.into();
         let q = parent.queue.clone();
         m.insert(&q, parent.id, m.queues.get(&q).map_or(0, Vec::len));
         m.tasks.insert(parent.id, (parent, Home::Live));

@@ -62,7 +62,7 @@ impl WriteTxn<'_> {
     fn read_group(&mut self, parent: u64) -> Result<GroupView, WriteError> {
         let children = self.task(parent)?.children.clone();
         let mut read = Vec::with_capacity(children.len());
-        for child in children {
+        for &child in children.iter() {
             read.push((child, self.child_state(child)?));
         }
         Ok(GroupView::new(read))
