@@ -901,3 +901,126 @@ fn a_parent_is_updated_once_per_step_with_all_its_childrens_failures() {
     }
     assert_log_agrees(&store);
 }
+
+/// A group of `n` no-op children of kind ModuleRun in `main`, enqueued in
+/// `store` (one batch): (parent, children).
+fn big_group(store: &Arc<Store>, n: usize) -> (u64, Vec<u64>) {
+    let e = Engine::new(store.clone(), Handlers::new(), EngineConfig::default()).unwrap();
+    let specs: Vec<_> = (0..n)
+        .map(|i| TaskSpec {
+            weight: Some(1),
+            ..spec("main", &format!("c{i}"))
+        })
+        .collect();
+    let parent = e.enqueue_batch(specs).unwrap()[0];
+    let children = store.task(parent).unwrap().unwrap().children.to_vec();
+    assert_eq!(children.len(), n);
+    (parent, children)
+}
+
+/// Each child's `placed` and `started` events from `from` on, in log order.
+fn placed_and_started(store: &Store, from: u64) -> Vec<(&'static str, u64)> {
+    store
+        .events_from(from)
+        .map(|ev| ev.unwrap())
+        .filter_map(|ev| match ev.kind {
+            berth::store::EventKind::Placed { id, .. } => Some(("placed", id)),
+            berth::store::EventKind::Started { id } => Some(("started", id)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_large_group_is_placed_a_chunk_per_step_and_its_first_children_start_meanwhile() {
+    use berth::engine::PLACE_PER_STEP;
+    let s = setup(FakeClock::new(T0));
+    let n = 2 * PLACE_PER_STEP + PLACE_PER_STEP / 2;
+    let (parent, children) = big_group(&s.store, n);
+    let from = s.store.next_seq();
+    let mut h = Handlers::new();
+    h.register("ModuleRun", |_: &TaskContext| Outcome::success());
+    let summary = engine(&s, h, EngineConfig::default())
+        .run_until_idle()
+        .unwrap();
+    assert_eq!(summary.tally.succeeded, n as u64 + 1);
+    let log = placed_and_started(&s.store, from);
+    let placed: Vec<u64> = log
+        .iter()
+        .filter(|(k, _)| *k == "placed")
+        .map(|(_, id)| *id)
+        .collect();
+    assert_eq!(
+        placed, children,
+        "every child placed once, in the group's order"
+    );
+    let last_placed = log.iter().rposition(|(k, _)| *k == "placed").unwrap();
+    let first_started = log.iter().position(|(k, _)| *k == "started").unwrap();
+    assert!(
+        first_started < last_placed,
+        "children start before the last chunk is placed (first start at {first_started}, last placement at {last_placed})"
+    );
+    let p = s.store.task(parent).unwrap().unwrap();
+    assert_eq!((p.status, p.failures), (Status::Succeeded, 0));
+    for &c in &children {
+        let t = s.store.task(c).unwrap().unwrap();
+        assert_eq!((t.status, t.attempts), (Status::Succeeded, 1), "child {c}");
+    }
+    assert_log_agrees(&s.store);
+}
+
+#[test]
+fn a_group_left_half_placed_is_placed_on_from_where_it_stopped() {
+    use berth::engine::PLACE_PER_STEP;
+    let s = setup(FakeClock::new(T0));
+    let n = 2 * PLACE_PER_STEP + PLACE_PER_STEP / 2;
+    let (parent, children) = big_group(&s.store, n);
+    // What a crash between two steps of the placement leaves: the first
+    // chunk placed, some of it finished.
+    let done = PLACE_PER_STEP / 4;
+    let mut w = s.store.write();
+    for (i, &c) in children[..PLACE_PER_STEP].iter().enumerate() {
+        w.place(c, &berth::queues::parallel_queue(i % 10), Placement::Last)
+            .unwrap();
+        if i < done {
+            w.start(c).unwrap();
+            w.succeed(c, None).unwrap();
+            w.to_history(c, Status::Succeeded).unwrap();
+        }
+    }
+    w.commit().unwrap();
+    let from = s.store.next_seq();
+    let runs = Arc::new(Mutex::new(Vec::new()));
+    let mut h = Handlers::new();
+    let r = runs.clone();
+    h.register("ModuleRun", move |ctx: &TaskContext| {
+        r.lock().unwrap().push(ctx.task.id);
+        Outcome::success()
+    });
+    let summary = engine(&s, h, EngineConfig::default())
+        .run_until_idle()
+        .unwrap();
+    assert_eq!(summary.tally.succeeded, (n - done) as u64 + 1);
+    let placed: Vec<u64> = placed_and_started(&s.store, from)
+        .into_iter()
+        .filter(|(k, _)| *k == "placed")
+        .map(|(_, id)| id)
+        .collect();
+    assert_eq!(
+        placed,
+        children[PLACE_PER_STEP..],
+        "only the unplaced children are placed"
+    );
+    let mut ran = runs.lock().unwrap().clone();
+    ran.sort_unstable();
+    assert_eq!(
+        ran,
+        children[done..],
+        "every unfinished child ran once, no finished one again"
+    );
+    assert_eq!(
+        s.store.task(parent).unwrap().unwrap().status,
+        Status::Succeeded
+    );
+    assert_log_agrees(&s.store);
+}

@@ -30,6 +30,7 @@ use crate::store::{Placement, SpaceError, Store, WriteError};
 use crate::submit::{self, EnqueueError};
 use crate::task::TaskSpec;
 
+pub use dispatch::PLACE_PER_STEP;
 pub use handler::{
     FollowUp, FollowUpAt, Handler, Handlers, Outcome, REPEAT_INTERVAL, RunResult, TaskContext,
 };
@@ -567,7 +568,11 @@ impl Engine {
                 grace_end = Some(Instant::now() + self.config.grace);
             }
             let dispatch = !stopping && paused.is_none();
-            let (progress, launch) = self.step(sched, std::mem::take(&mut inbox), dispatch)?;
+            // A failed step's placements were dropped with its transaction.
+            let placing = sched.placing.clone();
+            let (progress, launch) = self
+                .step(sched, std::mem::take(&mut inbox), dispatch)
+                .inspect_err(|_| sched.placing = placing)?;
             if launches.send(launch).is_err() {
                 return Err(WriteError::Failed("the launcher thread ended".into()));
             }
@@ -587,6 +592,8 @@ impl Engine {
             let now = self.store.clock().now_ms();
             // The loop wakes for the next TTL deadline too.
             let wake = match (sched.next_wake(now), self.store.next_deadline()) {
+                // A group's next children are placed at the next step.
+                _ if dispatch && !sched.placing.is_empty() => Some(now),
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };

@@ -155,6 +155,11 @@ pub struct Scheduler {
     /// those changes were failed attempts: each parent is updated once per
     /// step (`settle_parents`), not once per child.
     pub(super) parents_due: BTreeMap<u64, u32>,
+    /// Groups whose children are being placed, a chunk per step (see
+    /// `dispatch::PLACE_PER_STEP`): parent id -> where in its children
+    /// list the next step goes on. Put back as it was when a step fails
+    /// (`Engine::steps`), so no child is passed over.
+    pub(super) placing: BTreeMap<u64, usize>,
 }
 
 /// What the scheduler needs from the engine for one step.
@@ -186,6 +191,7 @@ impl Scheduler {
             node,
             elsewhere: HashSet::new(),
             parents_due: BTreeMap::new(),
+            placing: BTreeMap::new(),
         }
     }
 
