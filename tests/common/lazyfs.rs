@@ -136,6 +136,17 @@ impl LazyFs {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+        // Listed in /proc/mounts is not yet serving: under load a first
+        // mkdir in it failed with ENOENT. Wait until one goes through.
+        let probe = fs.mnt.join("berth-mount-probe");
+        while let Err(e) = std::fs::create_dir(&probe).and_then(|()| std::fs::remove_dir(&probe)) {
+            if start.elapsed() > Duration::from_secs(20) {
+                return Err(format!(
+                    "LazyFS mounted but does not serve within 20 s: {e}"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
         Ok(fs)
     }
 
