@@ -197,3 +197,26 @@ fn a_log_that_goes_on_after_a_gap_or_is_damaged_is_refused_and_left_as_it_is() {
     let store = Store::open(&dir, options(), berth::clock::system()).expect("reopen");
     assert_eq!(store.queued_total(), COMMITS as usize);
 }
+
+#[test]
+fn an_open_that_fails_on_a_file_says_what_it_was_doing_and_leaves_the_file() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("data");
+    drop(Store::open(&dir, options(), berth::clock::system()).expect("create"));
+    // The log's folder replaced by a file: a real ENOTDIR when it is read.
+    let wal = dir.join("db").join("wal");
+    std::fs::remove_dir_all(&wal).expect("remove db/wal");
+    std::fs::write(&wal, b"not a folder").expect("write db/wal");
+    let err = Store::open(&dir, options(), berth::clock::system()).expect_err("refused");
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&format!("cannot use data dir {}", dir.display()))
+            && msg.contains("reading the write-ahead log (db/wal)"),
+        "{msg}"
+    );
+    assert_eq!(
+        std::fs::read(&wal).expect("db/wal"),
+        b"not a folder",
+        "left as it was"
+    );
+}

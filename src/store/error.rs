@@ -44,9 +44,11 @@ pub enum OpenError {
         dir.display()
     )]
     NotADataDir { dir: PathBuf },
-    #[error("cannot use data dir {}: {source}", dir.display())]
+    #[error("cannot use data dir {}: {op}: {source}", dir.display())]
     Io {
         dir: PathBuf,
+        /// What the open was doing, as "reading the write-ahead log".
+        op: &'static str,
         source: std::io::Error,
     },
     #[error("cannot open the database in {}: {source}", dir.display())]

@@ -74,6 +74,7 @@ fn prepare_dir(dir: &Path, opts: &Options) -> Result<(), OpenError> {
     }
     files::private_dir(dir).map_err(|source| OpenError::Io {
         dir: dir.to_path_buf(),
+        op: "making it (a private folder)",
         source,
     })
 }
@@ -115,6 +116,7 @@ fn lock_dir(dir: &Path, opts: &Options) -> Result<Option<DirLock>, OpenError> {
             Err(LockError::Io(source)) => {
                 return Err(OpenError::Io {
                     dir: dir.to_path_buf(),
+                    op: "taking its lock (berth.lock)",
                     source,
                 });
             }
@@ -125,6 +127,7 @@ fn lock_dir(dir: &Path, opts: &Options) -> Result<Option<DirLock>, OpenError> {
                         if announced.is_none() {
                             DirLock::announce_start(dir).map_err(|source| OpenError::Io {
                                 dir: dir.to_path_buf(),
+                                op: "announcing the daemon's start (berth.starting)",
                                 source,
                             })?;
                             log::info!(
@@ -187,6 +190,7 @@ fn open_sled(dir: &Path, db: &Path, opts: &Options) -> Result<Trees, OpenError> 
         Err(source) => {
             return Err(OpenError::Io {
                 dir: dir.to_path_buf(),
+                op: "giving back the blob files kept in db/blobs-kept",
                 source,
             });
         }
@@ -271,7 +275,7 @@ impl Opening<'_> {
         }
     }
 
-    fn io(&self, source: std::io::Error) -> OpenError {
+    fn io(&self, op: &'static str, source: std::io::Error) -> OpenError {
         self.failed.fail(self.tree, &source);
         if source.raw_os_error() == Some(libc::ENOSPC) {
             return OpenError::NoSpace {
@@ -281,6 +285,7 @@ impl Opening<'_> {
         }
         OpenError::Io {
             dir: self.dir.to_path_buf(),
+            op,
             source,
         }
     }
@@ -319,7 +324,9 @@ fn check_format(o: &Opening<'_>, files: &DbFiles, read_only: bool) -> Result<u64
             tree.insert(keys::META_FORMAT, codec::encode(&keys::STORE_FORMAT))
                 .map_err(|e| o.db(e))?;
             tree.flush().map_err(|e| o.db(e))?;
-            files.sync().map_err(|e| o.io(e))?;
+            files
+                .sync()
+                .map_err(|e| o.io("syncing the new database's files", e))?;
             keys::STORE_FORMAT
         }
         Some(v) => match codec::decode::<u64>(&v) {
@@ -336,7 +343,7 @@ fn check_format(o: &Opening<'_>, files: &DbFiles, read_only: bool) -> Result<u64
         },
     };
     if !read_only && !files::has_marker(o.dir) {
-        files::write_marker(o.dir).map_err(|e| o.io(e))?;
+        files::write_marker(o.dir).map_err(|e| o.io("writing berth.dir", e))?;
     }
     Ok(format)
 }
@@ -380,7 +387,7 @@ struct Replayed {
 /// the log's end (a commit never acknowledged) is logged; damage before the
 /// end refuses the dir, saying where.
 fn replay_wal(o: &Opening<'_>, db: &Path) -> Result<usize, OpenError> {
-    let found = wal::read(db).map_err(|e| o.io(e))?;
+    let found = wal::read(db).map_err(|e| o.io("reading the write-ahead log (db/wal)", e))?;
     if let Some(why) = &found.torn {
         log::info!(
             "{}: the write-ahead log ends with a write cut short, a commit that was never \
@@ -689,6 +696,7 @@ impl Store {
             true => Some(
                 files::copy_for_reading(dir).map_err(|source| OpenError::Io {
                     dir: dir.to_path_buf(),
+                    op: "copying db/ to read it privately",
                     source,
                 })?,
             ),
@@ -710,7 +718,7 @@ impl Store {
                 true => DbFiles::read_only(&db),
                 false => DbFiles::open(dir, opts.power_safe),
             };
-            let files = Arc::new(files.map_err(|e| o.io(e))?);
+            let files = Arc::new(files.map_err(|e| o.io("listing the database's files", e))?);
             let format = check_format(&o, &files, opts.read_only)?;
             if format < keys::STORE_FORMAT_V4 {
                 move_counters(&o)?;
@@ -722,10 +730,12 @@ impl Store {
             let wal = match opts.read_only {
                 true => None,
                 false => {
-                    super::db::flush_durable(o.tree, &files, o.failed).map_err(|e| o.io(e))?;
+                    super::db::flush_durable(o.tree, &files, o.failed)
+                        .map_err(|e| o.io("flushing and syncing the recovered database", e))?;
                     let wal = Wal::open(&db, opts.power_safe, opts.sled_flush_every)
-                        .map_err(|e| o.io(e))?;
-                    wal.clear().map_err(|e| o.io(e))?;
+                        .map_err(|e| o.io("opening the write-ahead log (db/wal)", e))?;
+                    wal.clear()
+                        .map_err(|e| o.io("emptying the write-ahead log (db/wal)", e))?;
                     opts.write_ahead_log.then(|| Arc::new(wal))
                 }
             };
@@ -789,9 +799,12 @@ impl Store {
         failed: Arc<Failed>,
         loaded: Loaded,
     ) -> Result<Store, OpenError> {
-        let io = |source| OpenError::Io {
-            dir: dir.to_path_buf(),
-            source,
+        let io = |op| {
+            move |source| OpenError::Io {
+                dir: dir.to_path_buf(),
+                op,
+                source,
+            }
         };
         let Loaded {
             files,
@@ -803,7 +816,9 @@ impl Store {
             live: _,
         } = loaded;
         let overlay = Arc::new(Overlay::new(replayed.last_record));
-        let applier = overlay.spawn(trees.clone(), failed.clone()).map_err(io)?;
+        let applier = overlay
+            .spawn(trees.clone(), failed.clone())
+            .map_err(io("starting the applier thread"))?;
         let commit = Arc::new(GroupCommit::default());
         let flusher = match opts.durability {
             Durability::Batched { interval } if !opts.read_only => Some(
@@ -815,7 +830,7 @@ impl Store {
                     commit.clone(),
                     interval,
                 )
-                .map_err(io)?,
+                .map_err(io("starting the flusher thread"))?,
             ),
             _ => None,
         };
@@ -827,7 +842,7 @@ impl Store {
                     files.clone(),
                     failed.clone(),
                 )
-                .map_err(io)?,
+                .map_err(io("starting the sled flusher thread"))?,
             ),
             None => None,
         };
