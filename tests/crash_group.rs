@@ -16,7 +16,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -146,11 +146,8 @@ impl Drop for Guard {
 }
 
 fn spawn_child(dir: &Path) -> Guard {
-    let child = Command::new(std::env::current_exe().expect("current_exe"))
-        .args(["--exact", CHILD_TEST, "--nocapture", "--test-threads=1"])
+    let child = common::child_test(CHILD_TEST)
         .env(DIR_VAR, dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawning the child");

@@ -15,7 +15,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -71,11 +71,8 @@ fn crash_placing_child() {
 
 /// Runs the child until its first `RUN`, then kills it `delay` later.
 fn run_and_kill(dir: &Path, delay: Duration) {
-    let mut child = Command::new(std::env::current_exe().expect("current_exe"))
-        .args(["--exact", CHILD_TEST, "--nocapture", "--test-threads=1"])
+    let mut child = common::child_test(CHILD_TEST)
         .env(DIR_VAR, dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawning the child");

@@ -9,7 +9,7 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -74,12 +74,9 @@ fn crash_child() {
 }
 
 fn spawn_child(dir: &Path, threads: usize) -> Child {
-    Command::new(std::env::current_exe().expect("current_exe"))
-        .args(["--exact", "crash_child", "--nocapture", "--test-threads=1"])
+    common::child_test("crash_child")
         .env(DIR_VAR, dir)
         .env(THREADS_VAR, threads.to_string())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawning the child")

@@ -148,11 +148,8 @@ fn a_store_held_open_survives_a_power_cut() {
     let Some(mut fs) = mount_or_skip() else {
         return;
     };
-    let mut child = Command::new(std::env::current_exe().expect("current_exe"))
-        .args(["--exact", "power_child", "--nocapture", "--test-threads=1"])
+    let mut child = common::child_test("power_child")
         .env(DIR_VAR, fs.mnt.join("data"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
         .expect("spawning the child");

@@ -61,11 +61,8 @@ fn wal_child() {
 /// Runs the child on `dir` until it acknowledged every commit, then kills
 /// it with SIGKILL; returns the acknowledged ids.
 fn run_and_kill(dir: &Path) -> Vec<u64> {
-    let mut child = Command::new(std::env::current_exe().expect("current_exe"))
-        .args(["--exact", "wal_child", "--nocapture", "--test-threads=1"])
+    let mut child = common::child_test("wal_child")
         .env(DIR_VAR, dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
         .expect("spawning the child");

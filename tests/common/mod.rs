@@ -38,6 +38,17 @@ pub fn spec(queue: &str, name: &str) -> TaskSpec {
     }
 }
 
+/// This test binary, to be run as a child process that runs only the test
+/// `name` (a child test that acts when its environment says so), with no
+/// stdin and its stdout piped. The caller adds the environment and stderr.
+pub fn child_test(name: &str) -> Command {
+    let mut c = Command::new(std::env::current_exe().expect("current_exe"));
+    c.args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped());
+    c
+}
+
 /// The `berth` binary built for these tests.
 pub fn berth_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_berth"))
