@@ -220,6 +220,22 @@ pub struct Live {
 /// The longest the loop sleeps without looking at the stop flag.
 const POLL: Duration = Duration::from_millis(100);
 
+/// Where each group's placement goes on after a step that failed: its
+/// placements were dropped with its transaction, so every group goes on
+/// from where it was before the step, and a group whose dispatch began in
+/// it from its first child (going over placed children again is harmless:
+/// `place_children` passes over them).
+fn placing_after_failure(
+    before: BTreeMap<u64, usize>,
+    after: &BTreeMap<u64, usize>,
+) -> BTreeMap<u64, usize> {
+    let mut back = before;
+    for &parent in after.keys() {
+        back.entry(parent).or_insert(0);
+    }
+    back
+}
+
 impl Engine {
     pub fn new(
         store: Arc<Store>,
@@ -568,11 +584,10 @@ impl Engine {
                 grace_end = Some(Instant::now() + self.config.grace);
             }
             let dispatch = !stopping && paused.is_none();
-            // A failed step's placements were dropped with its transaction.
             let placing = sched.placing.clone();
             let (progress, launch) = self
                 .step(sched, std::mem::take(&mut inbox), dispatch)
-                .inspect_err(|_| sched.placing = placing)?;
+                .inspect_err(|_| sched.placing = placing_after_failure(placing, &sched.placing))?;
             if launches.send(launch).is_err() {
                 return Err(WriteError::Failed("the launcher thread ended".into()));
             }
@@ -681,5 +696,22 @@ impl Engine {
             Err(RecvTimeoutError::Disconnected) => return false,
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn after_a_failed_step_each_group_goes_on_from_before_it_or_from_its_start() {
+        // Before the step: group 1 at child 1,000, group 2 at 3,000.
+        let before = BTreeMap::from([(1, 1_000), (2, 3_000)]);
+        // The step moved group 1 on, finished placing group 2 and began group 3.
+        let after = BTreeMap::from([(1, 2_000), (3, 1_000)]);
+        assert_eq!(
+            placing_after_failure(before, &after),
+            BTreeMap::from([(1, 1_000), (2, 3_000), (3, 0)])
+        );
     }
 }

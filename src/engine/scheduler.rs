@@ -157,8 +157,8 @@ pub struct Scheduler {
     pub(super) parents_due: BTreeMap<u64, u32>,
     /// Groups whose children are being placed, a chunk per step (see
     /// `dispatch::PLACE_PER_STEP`): parent id -> where in its children
-    /// list the next step goes on. Put back as it was when a step fails
-    /// (`Engine::steps`), so no child is passed over.
+    /// list the next step goes on. Put back when a step fails
+    /// (`placing_after_failure`), so no child is passed over.
     pub(super) placing: BTreeMap<u64, usize>,
 }
 
