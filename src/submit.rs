@@ -163,14 +163,12 @@ pub fn stage_batch(
         }
         parent.id = w.allocate_id();
         let mut added = Vec::with_capacity(tasks.len());
-        let mut children = Vec::with_capacity(tasks.len());
         for mut t in tasks {
             t.parent = Some(parent.id);
             let id = w.enqueue(t.clone(), None)?;
-            children.push(id);
             added.push((id, t));
         }
-        parent.children = children.into();
+        parent.children = added.iter().map(|(id, _)| *id).collect();
         let queue = parent.queue.clone();
         let parent_id = w.enqueue(parent, Some(Placement::Last))?;
         let added: Vec<(u64, &Task)> = added.iter().map(|(id, t)| (*id, t)).collect();

@@ -455,12 +455,18 @@ mod tests {
         out
     }
 
-    #[test]
-    fn a_blob_sled_deleted_after_the_last_log_sync_is_given_back_and_dropped_after_the_next() {
+    /// A data dir whose `db/` holds a log file and an empty `blobs/`.
+    fn fake_db() -> (tempfile::TempDir, std::path::PathBuf) {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join(DB);
         fs::create_dir_all(db.join("blobs")).unwrap();
         fs::write(db.join("db"), b"log").unwrap();
+        (dir, db)
+    }
+
+    #[test]
+    fn a_blob_sled_deleted_after_the_last_log_sync_is_given_back_and_dropped_after_the_next() {
+        let (dir, db) = fake_db();
         let (a, b) = (db.join("blobs/0000000001"), db.join("blobs/0000000002"));
         fs::write(&a, blob(b"first")).unwrap();
         // Being written: its CRC does not check yet, so it is not kept.
@@ -539,10 +545,7 @@ mod tests {
 
     #[test]
     fn sync_makes_new_files_private_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = dir.path().join(DB);
-        fs::create_dir_all(db.join("blobs")).unwrap();
-        fs::write(db.join("db"), b"log").unwrap();
+        let (dir, db) = fake_db();
         let files = DbFiles::open(dir.path(), true).unwrap();
         // A blob still being written (its CRC does not match yet) waits.
         let blob = db.join("blobs").join("123");
