@@ -192,7 +192,12 @@ impl Overlay {
     /// One round: applies everything pending, or, with nothing pending,
     /// brings `mapplied` up to the last commit. Returns false when there
     /// was nothing to do.
-    fn apply_round(&self, trees: &Trees, mark: &mut MarkTimer) -> Result<bool, sled::Error> {
+    fn apply_round(
+        &self,
+        trees: &Trees,
+        helper: Option<&Helper>,
+        mark: &mut MarkTimer,
+    ) -> Result<bool, sled::Error> {
         let round = match self.begin_round() {
             Round::Idle => return Ok(false),
             Round::Mark(record) => {
@@ -202,8 +207,22 @@ impl Overlay {
             Round::Apply(round) => round,
         };
         // A failed write leaves `applying` in place: reads stay right.
-        for (k, v) in round.writes.iter() {
-            trees.apply_one(k, v.as_deref())?;
+        match split_key(&round.writes) {
+            // A large round: the helper writes the keys from the middle one
+            // on while this thread writes those before it.
+            Some(split) if helper.is_some() => {
+                let helper = helper.as_ref().expect("matched");
+                helper.apply(round.writes.clone(), split.clone());
+                let first = apply_range(
+                    trees,
+                    &round.writes,
+                    (Bound::Unbounded, Bound::Excluded(&split)),
+                );
+                let second = helper.finished();
+                first?;
+                second?;
+            }
+            _ => apply_range(trees, &round.writes, (Bound::Unbounded, Bound::Unbounded))?,
         }
         if mark.due() {
             self.write_mark(trees, round.record)?;
@@ -252,12 +271,18 @@ impl Overlay {
             .name("berth-applier".into())
             .spawn(move || {
                 lower_priority();
+                // Without its helper (it could not start) the applier writes
+                // every round alone.
+                let helper = Helper::spawn(trees.clone())
+                    .inspect_err(|e| log::warn!("the applier works alone: {e}"))
+                    .ok();
                 let mut mark = MarkTimer::default();
                 loop {
                     let round = if failed.is_failed() {
                         Err(None)
                     } else {
-                        me.apply_round(&trees, &mut mark).map_err(Some)
+                        me.apply_round(&trees, helper.as_ref(), &mut mark)
+                            .map_err(Some)
                     };
                     match round {
                         Ok(true) => continue,
@@ -295,6 +320,101 @@ impl Overlay {
     pub fn stop(&self) {
         self.lock().stop = true;
         self.cv.notify_all();
+    }
+}
+
+/// Rounds of at least this many key writes are written by two threads.
+const SPLIT_MIN: usize = 1_024;
+
+/// The key from which the second half of a round's writes (in key order)
+/// begins, for a round large enough to be split (see [`Helper`]).
+fn split_key(writes: &Writes) -> Option<Vec<u8>> {
+    if writes.len() < SPLIT_MIN {
+        return None;
+    }
+    writes.keys().nth(writes.len() / 2).cloned()
+}
+
+/// Writes the round's writes whose keys are in `range`, in key order.
+fn apply_range(
+    trees: &Trees,
+    writes: &Writes,
+    range: (Bound<&[u8]>, Bound<&[u8]>),
+) -> Result<(), sled::Error> {
+    for (k, v) in writes.range::<[u8], _>(range) {
+        trees.apply_one(k, v.as_deref())?;
+    }
+    Ok(())
+}
+
+/// The applier's second thread. A large round is split at its middle key:
+/// the helper writes the upper half while the applier writes the lower
+/// one, and the round ends (its mark may be written) only once both have
+/// finished. The two halves touch disjoint keys (a round holds one write
+/// per key), so their order does not matter: after a crash, open
+/// re-applies every record after the mark as before. Sled's writers are
+/// lock-free, and the halves lie mostly in different leaves (a batch
+/// enqueue's `q` keys and its `t` keys, for one). With a single applier,
+/// sled's inserts at one core were the limit of a long batch enqueue once
+/// the overlay was full.
+///
+/// The helper holds a handle on the trees: dropping the `Helper` (the
+/// applier ending) ends it and waits for it, so that once the applier has
+/// been joined nothing holds the database open any more.
+struct Helper {
+    jobs: Option<crossbeam_channel::Sender<(Arc<Writes>, Vec<u8>)>>,
+    done: crossbeam_channel::Receiver<Result<(), sled::Error>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        self.jobs = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Helper {
+    fn spawn(trees: Trees) -> std::io::Result<Helper> {
+        let (jobs, job_rx) = crossbeam_channel::bounded::<(Arc<Writes>, Vec<u8>)>(1);
+        let (done_tx, done) = crossbeam_channel::bounded(1);
+        let thread = std::thread::Builder::new()
+            .name("berth-applier-2".into())
+            .spawn(move || {
+                lower_priority();
+                // Ends when the applier drops its sender.
+                for (writes, from) in job_rx {
+                    let r =
+                        apply_range(&trees, &writes, (Bound::Included(&from), Bound::Unbounded));
+                    if done_tx.send(r).is_err() {
+                        return;
+                    }
+                }
+            })?;
+        Ok(Helper {
+            jobs: Some(jobs),
+            done,
+            thread: Some(thread),
+        })
+    }
+
+    /// Hands the helper the writes from `from` on.
+    fn apply(&self, writes: Arc<Writes>, from: Vec<u8>) {
+        // A helper gone is found by `finished`.
+        if let Some(jobs) = &self.jobs {
+            let _ = jobs.send((writes, from));
+        }
+    }
+
+    /// Waits for the helper's half.
+    fn finished(&self) -> Result<(), sled::Error> {
+        self.done.recv().unwrap_or_else(|_| {
+            Err(sled::Error::ReportableBug(
+                "the applier's helper thread ended".into(),
+            ))
+        })
     }
 }
 
@@ -451,6 +571,49 @@ mod tests {
     fn value(ov: &Overlay, key: &str) -> Option<Option<String>> {
         ov.get(key.as_bytes())
             .map(|v| v.map(|v| String::from_utf8(v.to_vec()).unwrap()))
+    }
+
+    /// A round large enough to be split is written by both threads: every
+    /// put and every removal lands, on each side of the middle key, and
+    /// the round ends only once both halves are in the tree.
+    #[test]
+    fn a_large_round_is_written_by_the_applier_and_its_helper() {
+        let db = sled::Config::new().temporary(true).open().unwrap();
+        let trees = Trees::open(db).unwrap();
+        let n = SPLIT_MIN * 2;
+        // Keys already in the tree, every third one to be removed.
+        for i in (0..n).step_by(3) {
+            trees.main.insert(format!("t{i:06}"), "old").unwrap();
+        }
+        let ov = Overlay::new(0);
+        ov.put(
+            1,
+            (0..n).map(|i| {
+                let v = (i % 3 != 0).then(|| format!("v{i}").into_bytes());
+                (format!("t{i:06}").into_bytes(), v)
+            }),
+        );
+        let split = split_key(&ov.lock().map).expect("a round this large is split");
+        assert_eq!(split, format!("t{:06}", n / 2).into_bytes());
+        let helper = Helper::spawn(trees.clone()).unwrap();
+        assert!(
+            ov.apply_round(&trees, Some(&helper), &mut MarkTimer::default())
+                .unwrap()
+        );
+        assert_eq!(ov.lock().pending(), 0);
+        for i in 0..n {
+            let got = trees.main.get(format!("t{i:06}")).unwrap();
+            let want = (i % 3 != 0).then(|| format!("v{i}"));
+            assert_eq!(
+                got.map(|v| String::from_utf8(v.to_vec()).unwrap()),
+                want,
+                "key {i}"
+            );
+        }
+        assert_eq!(trees.main.len(), n - n.div_ceil(3));
+        // A small round is not split.
+        ov.put(2, [(b"tx".to_vec(), Some(b"1".to_vec()))]);
+        assert_eq!(split_key(&ov.lock().map), None);
     }
 
     /// While a round writes its map to the tree, readers still see it, and
