@@ -41,7 +41,7 @@ use crate::store::files::{self, DbFiles};
 use crate::store::health::Failed;
 use crate::store::keys::{self, COUNTER, HISTORY, QUEUE, TASK};
 use crate::store::lock::{DirLock, Holder, LockError, Role};
-use crate::store::order::Order;
+use crate::store::order::{self, Order};
 use crate::store::overlay::{self, Overlay, Trees};
 use crate::store::panics;
 use crate::store::records;
@@ -574,7 +574,8 @@ fn reapply(
 /// Step 6: the queue order index from every `q` key. A malformed key or a
 /// task in two positions is reported as corrupt.
 fn load_order(o: &Opening<'_>, corrupt: &mut Vec<CorruptRecord>) -> Result<Order, OpenError> {
-    let mut order = Order::default();
+    let mut entries = Vec::new();
+    let mut name: Option<order::Name> = None;
     for item in o.tree.scan_prefix([QUEUE]) {
         let (k, v) = item.map_err(|e| o.db(e))?;
         let parsed = keys::parse_queue_key_ref(&k)
@@ -586,15 +587,22 @@ fn load_order(o: &Opening<'_>, corrupt: &mut Vec<CorruptRecord>) -> Result<Order
             });
         match parsed {
             Ok((q, pos, id)) => {
-                if !order.load(q, pos, id) {
-                    corrupt.push(CorruptRecord::new(
-                        &k,
-                        format!("task {id} is in more than one queue position"),
-                    ));
-                }
+                // Keys come by queue: one shared name per queue.
+                let n = match &name {
+                    Some(n) if &**n == q => n.clone(),
+                    _ => name.insert(order::Name::from(q)).clone(),
+                };
+                entries.push((n, pos, id));
             }
             Err(reason) => corrupt.push(CorruptRecord::new(&k, reason)),
         }
+    }
+    let (order, twice) = Order::load(entries);
+    for (q, pos, id) in twice {
+        corrupt.push(CorruptRecord::new(
+            &keys::queue_key(&q, pos),
+            format!("task {id} is in more than one queue position"),
+        ));
     }
     Ok(order)
 }
