@@ -7,6 +7,7 @@
 //! for the caller's batch and records how to undo it, so a failed commit
 //! leaves the index as it was.
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -104,27 +105,26 @@ impl Order {
         let entries: Vec<(Name, i64, u64)> = entries.into_iter().collect();
         let mut at = HashMap::with_capacity(entries.len());
         let mut dup = Vec::new();
-        let mut by_queue: BTreeMap<Name, Vec<(i64, u64)>> = BTreeMap::new();
-        let mut current: Option<(Name, Vec<(i64, u64)>)> = None;
+        // Runs of entries of one queue, as they come.
+        let mut runs: Vec<(Name, Vec<(i64, u64)>)> = Vec::new();
         for (name, pos, id) in entries {
-            if at.contains_key(&id) {
-                dup.push((name, pos, id));
-                continue;
-            }
-            let same = current.as_ref().is_some_and(|(n, _)| *n == name);
-            if !same {
-                if let Some((n, v)) = current.take() {
-                    by_queue.entry(n).or_default().extend(v);
+            match at.entry(id) {
+                Entry::Occupied(_) => {
+                    dup.push((name, pos, id));
+                    continue;
                 }
-                current = Some((name.clone(), Vec::new()));
+                Entry::Vacant(e) => {
+                    e.insert((name.clone(), pos));
+                }
             }
-            if let Some((n, v)) = current.as_mut() {
-                at.insert(id, (n.clone(), pos));
-                v.push((pos, id));
+            match runs.last_mut() {
+                Some((n, run)) if *n == name => run.push((pos, id)),
+                _ => runs.push((name, vec![(pos, id)])),
             }
         }
-        if let Some((n, v)) = current {
-            by_queue.entry(n).or_default().extend(v);
+        let mut by_queue: BTreeMap<Name, Vec<(i64, u64)>> = BTreeMap::new();
+        for (n, run) in runs {
+            by_queue.entry(n).or_default().extend(run);
         }
         let queues = by_queue
             .into_iter()

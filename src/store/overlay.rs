@@ -207,11 +207,10 @@ impl Overlay {
             Round::Apply(round) => round,
         };
         // A failed write leaves `applying` in place: reads stay right.
-        match split_key(&round.writes) {
+        match (split_key(&round.writes), helper) {
             // A large round: the helper writes the keys from the middle one
             // on while this thread writes those before it.
-            Some(split) if helper.is_some() => {
-                let helper = helper.as_ref().expect("matched");
+            (Some(split), Some(helper)) => {
                 helper.apply(round.writes.clone(), split.clone());
                 let first = apply_range(
                     trees,
