@@ -540,6 +540,13 @@ impl Default for MarkTimer {
 }
 
 impl MarkTimer {
+    /// A timer whose mark is due at once (tests: the round writes it).
+    #[cfg(test)]
+    fn due_now() -> Self {
+        let now = std::time::Instant::now();
+        MarkTimer(now.checked_sub(MARK_EVERY).unwrap_or(now))
+    }
+
     fn due(&mut self) -> bool {
         if self.0.elapsed() >= MARK_EVERY {
             self.0 = std::time::Instant::now();
@@ -596,7 +603,7 @@ mod tests {
         assert_eq!(split, format!("t{:06}", n / 2).into_bytes());
         let helper = Helper::spawn(trees.clone()).unwrap();
         assert!(
-            ov.apply_round(&trees, Some(&helper), &mut MarkTimer::default())
+            ov.apply_round(&trees, Some(&helper), &mut MarkTimer::due_now())
                 .unwrap()
         );
         assert_eq!(ov.lock().pending(), 0);
@@ -609,7 +616,15 @@ mod tests {
                 "key {i}"
             );
         }
-        assert_eq!(trees.main.len(), n - n.div_ceil(3));
+        // The task keys, and the applied mark (due, so written by the round).
+        assert_eq!(trees.main.scan_prefix(b"t").count(), n - n.div_ceil(3));
+        let mark = trees
+            .main
+            .get(keys::META_APPLIED)
+            .unwrap()
+            .expect("the mark");
+        assert_eq!(codec::decode::<u64>(&mark).unwrap(), 1);
+        assert_eq!(trees.main.len(), n - n.div_ceil(3) + 1);
         // A small round is not split.
         ov.put(2, [(b"tx".to_vec(), Some(b"1".to_vec()))]);
         assert_eq!(split_key(&ov.lock().map), None);
