@@ -38,9 +38,10 @@ pub(super) fn job(
         } else {
             run(&handlers, &budget, node, task, live.clone())
         };
-        // The step that records it will commit soon: a flush about to
-        // begin waits for it, and carries it with the completions beside it.
-        commits.coming();
+        // The step that records it will commit soon (announced when the job
+        // was launched): a flush about to begin waits for it, and carries
+        // it with the completions beside it.
+        commits.still_coming();
         let sent = tx.send(Msg::Done(Completion {
             id,
             queue,

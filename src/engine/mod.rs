@@ -485,6 +485,11 @@ impl Engine {
                 for (reply, answer) in l.answers {
                     let _ = reply.send(answer);
                 }
+                // Their completions are announced now: the flush this
+                // thread leads next waits (briefly) for the quick ones, so
+                // queues released together finish and start again in one
+                // flush instead of alternating between two.
+                self.commits.coming(l.jobs.len());
                 for j in l.jobs {
                     self.pool.submit(j);
                 }

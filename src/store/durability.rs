@@ -15,7 +15,7 @@
 //! `fdatasync`.
 
 use std::sync::{Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Durability {
@@ -50,9 +50,10 @@ struct State {
 
 impl State {
     /// Whether a flush leader should wait for a transaction under way.
-    fn under_way(&self) -> bool {
-        self.in_flight > 0
-            || (self.coming > 0 && self.coming_at.is_some_and(|t| t.elapsed() < GATHER))
+    fn under_way(&self, now: Instant) -> bool {
+        let recent =
+            |t: Option<Instant>| t.is_some_and(|t| now.saturating_duration_since(t) < GATHER);
+        self.in_flight > 0 || (self.coming > 0 && recent(self.coming_at))
     }
 }
 
@@ -91,18 +92,32 @@ impl GroupCommit {
 
     /// Wakes a gathering flush leader once no transaction is under way.
     fn note_gathered(&self, st: &State) {
-        if !st.under_way() && st.flushing {
+        if !st.under_way(Instant::now()) && st.flushing {
             self.gathered.notify_all();
         }
     }
 
-    /// Announces a transaction that will begin soon (a task's completion
-    /// sent to the engine's loop), so that a flush leader gathering the
-    /// transactions under way waits for it too (at most [`GATHER`]).
-    pub fn coming(&self) {
+    /// Announces `n` transactions that will begin soon (the completions of
+    /// jobs just handed to the pool: the engine's step that records them),
+    /// so that a flush leader gathering the transactions under way waits
+    /// for them too (at most [`GATHER`] after the last announcement).
+    pub fn coming(&self, n: usize) {
+        if n == 0 {
+            return;
+        }
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        st.coming += 1;
-        st.coming_at = Some(std::time::Instant::now());
+        st.coming += n;
+        st.coming_at = Some(Instant::now());
+    }
+
+    /// An announced transaction is about to begin (a job finished and sent
+    /// its completion): announcements are waited for again from now on,
+    /// however long the job ran.
+    pub fn still_coming(&self) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if st.coming > 0 {
+            st.coming_at = Some(Instant::now());
+        }
     }
 
     /// `n` announced transactions have begun (or will not come).
@@ -141,7 +156,7 @@ impl GroupCommit {
                 st.flushing = true;
                 // Let transactions already under way join this flush.
                 let deadline = std::time::Instant::now() + GATHER;
-                while st.under_way() {
+                while st.under_way(Instant::now()) {
                     let left = deadline.saturating_duration_since(std::time::Instant::now());
                     if left.is_zero() {
                         break;
@@ -254,25 +269,46 @@ mod tests {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU64, Ordering};
 
+    /// Whether a flush would wait, right after the last announcement (so
+    /// that a slow machine does not age it meanwhile).
+    fn under_way(gc: &GroupCommit) -> bool {
+        let st = gc.state.lock().unwrap();
+        st.under_way(latest(&st))
+    }
+
+    /// Whether a flush would wait once `GATHER` has passed since then.
+    fn aged(gc: &GroupCommit) -> bool {
+        let st = gc.state.lock().unwrap();
+        st.under_way(latest(&st) + GATHER)
+    }
+
+    fn latest(st: &State) -> Instant {
+        st.coming_at.unwrap_or_else(Instant::now)
+    }
+
     #[test]
     fn an_announced_transaction_is_waited_for_until_it_begins_or_grows_old() {
         let gc = GroupCommit::default();
-        assert!(!gc.state.lock().unwrap().under_way());
-        gc.coming();
-        gc.coming();
-        assert!(gc.state.lock().unwrap().under_way());
+        assert!(!under_way(&gc));
+        gc.coming(2);
+        assert!(under_way(&gc));
         gc.arrived(1);
-        assert!(gc.state.lock().unwrap().under_way(), "one is still coming");
+        assert!(under_way(&gc), "one is still coming");
         // It begins: a transaction under way, then published.
         gc.begin();
         gc.arrived(1);
-        assert!(gc.state.lock().unwrap().under_way());
+        assert!(under_way(&gc));
         gc.published();
-        assert!(!gc.state.lock().unwrap().under_way());
+        assert!(!under_way(&gc));
         // One that never comes holds nobody past `GATHER`.
-        gc.coming();
-        gc.state.lock().unwrap().coming_at = std::time::Instant::now().checked_sub(GATHER * 2);
-        assert!(!gc.state.lock().unwrap().under_way());
+        gc.coming(1);
+        assert!(under_way(&gc) && !aged(&gc));
+        // Until its job ends (however long it ran): then it is waited for
+        // again, from then on.
+        let before = gc.state.lock().unwrap().coming_at;
+        gc.still_coming();
+        assert!(gc.state.lock().unwrap().coming_at > before);
+        assert!(under_way(&gc) && !aged(&gc));
         // `arrived` of more than were announced (the engine's loop ending)
         // leaves nothing behind.
         gc.arrived(usize::MAX);
