@@ -7,12 +7,13 @@
 //! about one flush and fsync per round, not N.
 //!
 //! `batched`: a commit returns once its record is written in sled's memory
-//! and the write-ahead log's pending buffer; a background thread flushes
-//! the log every `interval`. A crash loses at most the commits of the last
-//! interval plus one flush.
+//! (and, with the write-ahead log, in its pending buffer); a background
+//! thread flushes every `interval`. A crash loses at most the commits of
+//! the last interval plus one flush.
 //!
-//! A flush here is the write-ahead log's (`wal`): one `pwrite` and one
-//! `fdatasync`.
+//! A flush here is whatever the store passes in (`Store::flush_now`): by
+//! default sled's flush and then the `fdatasync` of its files (`files`);
+//! with the write-ahead log (`wal`), one `pwrite` and one `fdatasync`.
 
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -45,7 +46,7 @@ struct State {
     coming: usize,
     /// When the last one was announced: announcements older than
     /// [`GATHER`] are not waited for (one never taken cannot hold flushes).
-    coming_at: Option<std::time::Instant>,
+    coming_at: Option<Instant>,
 }
 
 impl State {
@@ -155,9 +156,9 @@ impl GroupCommit {
             if !st.flushing {
                 st.flushing = true;
                 // Let transactions already under way join this flush.
-                let deadline = std::time::Instant::now() + GATHER;
+                let deadline = Instant::now() + GATHER;
                 while st.under_way(Instant::now()) {
-                    let left = deadline.saturating_duration_since(std::time::Instant::now());
+                    let left = deadline.saturating_duration_since(Instant::now());
                     if left.is_zero() {
                         break;
                     }
@@ -169,7 +170,7 @@ impl GroupCommit {
                 }
                 let target = st.written;
                 drop(st);
-                let began = std::time::Instant::now();
+                let began = Instant::now();
                 let result = flush();
                 let took = began.elapsed();
                 st = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -305,9 +306,11 @@ mod tests {
         assert!(under_way(&gc) && !aged(&gc));
         // Until its job ends (however long it ran): then it is waited for
         // again, from then on.
-        let before = gc.state.lock().unwrap().coming_at;
+        let long_ago = Instant::now().checked_sub(GATHER * 2);
+        gc.state.lock().unwrap().coming_at = long_ago;
+        assert!(!gc.state.lock().unwrap().under_way(Instant::now()));
         gc.still_coming();
-        assert!(gc.state.lock().unwrap().coming_at > before);
+        assert!(gc.state.lock().unwrap().coming_at > long_ago);
         assert!(under_way(&gc) && !aged(&gc));
         // `arrived` of more than were announced (the engine's loop ending)
         // leaves nothing behind.
