@@ -168,8 +168,9 @@ pub struct StepEnv<'a> {
     pub handlers: &'a Arc<Handlers>,
     pub budget: &'a Budget,
     pub tx: &'a Sender<Msg>,
-    /// Where a worker announces its completion's coming step, so that a
-    /// flush under way waits for it (`GroupCommit::coming`).
+    /// Where a job's completion is announced (by the launcher, and renewed
+    /// by the worker as the job ends), so that a flush about to begin waits
+    /// for the step that records it (`GroupCommit::coming`).
     pub commits: &'a Arc<crate::store::durability::GroupCommit>,
 }
 

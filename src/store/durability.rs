@@ -41,10 +41,11 @@ struct State {
     flush_stats: FlushStats,
     /// Transactions begun but not yet published or dropped.
     in_flight: usize,
-    /// Transactions announced but not begun yet (`coming`): an engine's
-    /// completions on their way to the step that records them.
+    /// Transactions announced but not begun yet (`coming`): the completions
+    /// of an engine's jobs, from their launch to the step that records them.
     coming: usize,
-    /// When the last one was announced: announcements older than
+    /// When the last one was announced or renewed (`still_coming`, as a job
+    /// ends): announcements older than
     /// [`GATHER`] are not waited for (one never taken cannot hold flushes).
     coming_at: Option<Instant>,
 }
