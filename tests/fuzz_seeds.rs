@@ -236,7 +236,8 @@ fn write_seeds() {
         .map(|t| t.expect("a good task"))
         .collect();
     // codec: selector (type in the low bits; bit 7 clear: the target adds
-    // the checksum) and the record without its checksum.
+    // the checksum; bit 3: a live task's value) and the record without its
+    // checksum.
     let unframed = |bytes: Vec<u8>| bytes[..bytes.len() - 4].to_vec();
     let with = |sel: u8, bytes: Vec<u8>| [vec![sel], bytes].concat();
     for t in &tasks {
@@ -288,6 +289,14 @@ fn write_seeds() {
         &with(7, unframed(encode(&"parallel_queue_0".to_string()))),
     );
     write("codec", "raw-task", &with(0x80, encode(&tasks[0])));
+    // Bit 3: a live task's value, as the store keeps it.
+    for (i, pos) in [Some(-(1i64 << 32)), None].into_iter().enumerate() {
+        write(
+            "codec",
+            &format!("live-{i}"),
+            &with(0x08, berth::store::stored::live_bytes(&tasks[0], pos)),
+        );
+    }
     // commit_record: mode 1 (raw) and the record without its checksum.
     write("commit_record", "log", &with(1, unframed(encode(&record))));
     let mut half = record.clone();

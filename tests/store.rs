@@ -573,16 +573,11 @@ fn opening_re_applies_a_commit_whose_writes_were_cut_short() {
     }
     {
         // What a crash between the commit record and its writes leaves behind:
-        // the record of b's commit is there, its task and queue keys are not.
+        // the record of b's commit is there, its task key (and with it, its
+        // queue position) is not.
         let db = sled::open(dir.path().join("db")).unwrap();
         db.remove(berth::store::keys::id_key(berth::store::keys::TASK, b))
             .unwrap();
-        let qkeys: Vec<_> = db
-            .scan_prefix(b"qmain")
-            .keys()
-            .map(|k| k.unwrap())
-            .collect();
-        db.remove(qkeys.last().unwrap()).unwrap();
         db.flush().unwrap();
     }
     let s = open(dir.path(), &clock);
@@ -620,14 +615,6 @@ fn opening_re_applies_every_commit_after_the_applied_mark() {
         db.remove(keys::id_key(keys::HISTORY, ids[0])).unwrap();
         db.insert(keys::id_key(keys::TASK, ids[0]), b"stale".to_vec())
             .unwrap();
-        let qkeys: Vec<_> = db
-            .scan_prefix(b"qmain")
-            .keys()
-            .map(|k| k.unwrap())
-            .collect();
-        for k in qkeys {
-            db.remove(k).unwrap();
-        }
         db.flush().unwrap();
     }
     let s = open(dir.path(), &clock);
@@ -783,8 +770,9 @@ fn a_parents_children_are_stored_once_apart_and_go_with_it() {
         }
         (parent, children)
     };
+    let value = |db: &sled::Db| db.get(keys::id_key(keys::TASK, parent)).unwrap().unwrap();
     let stored = |db: &sled::Db| -> berth::task::Task {
-        berth::codec::decode(&db.get(keys::id_key(keys::TASK, parent)).unwrap().unwrap()).unwrap()
+        berth::store::stored::decode(keys::TASK, &value(db)).unwrap()
     };
     {
         let db = sled::open(dir.path().join("db")).unwrap();
@@ -792,12 +780,15 @@ fn a_parents_children_are_stored_once_apart_and_go_with_it() {
         let list: Vec<u64> =
             berth::codec::decode(&db.get(g_key(parent)).unwrap().unwrap()).unwrap();
         assert_eq!(list[..], children[..]);
-        // As a format-4 build stored it: whole, and no `g` key.
+        // As a format-4 build stored it: whole, and no `g` key (in its
+        // queue position, which a format-4 build kept in a `q` key).
         let mut whole = stored(&db);
         whole.children = children.clone();
+        let v = value(&db);
+        let position = berth::store::stored::split(&v).position.unwrap();
         db.insert(
             keys::id_key(keys::TASK, parent),
-            berth::codec::encode(&whole),
+            berth::store::stored::with_position(position, &berth::codec::encode(&whole)),
         )
         .unwrap();
         db.remove(g_key(parent)).unwrap();

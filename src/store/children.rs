@@ -10,6 +10,8 @@
 //! stored whole (by a build before store format 5) is read as it is, and
 //! stored apart the next time it is written.
 
+use std::borrow::Cow;
+
 use crate::codec;
 use crate::store::keys::{self, CHILDREN};
 use crate::task::Task;
@@ -27,15 +29,15 @@ pub fn is_apart(t: &Task) -> bool {
     t.children.len() == 1 && t.children[0] == MARKER
 }
 
-/// The bytes to store for `t`: its record, with the marker for a list of
-/// children (which goes under its `g` key: [`list_bytes`]).
-pub fn record_bytes(t: &Task) -> Vec<u8> {
+/// `t` as stored: with the marker for a list of children (which goes
+/// under its `g` key: [`list_bytes`]). `stored` encodes it.
+pub fn stored_form(t: &Task) -> Cow<'_, Task> {
     if t.children.is_empty() {
-        return codec::encode(t);
+        return Cow::Borrowed(t);
     }
     let mut stored = t.clone();
     stored.children = vec![MARKER].into();
-    codec::encode(&stored)
+    Cow::Owned(stored)
 }
 
 /// The bytes of `t`'s `g` key.
@@ -80,7 +82,8 @@ mod tests {
             .expect("task");
         parent.id = 7;
         parent.children = (8..1000).collect();
-        let mut stored: Task = codec::decode(&record_bytes(&parent)).expect("decode");
+        let mut stored: Task =
+            codec::decode(&codec::encode(&*stored_form(&parent))).expect("decode");
         assert!(is_apart(&stored));
         let list = list_bytes(&parent);
         let from_g = join(&mut stored, |k| {
@@ -91,7 +94,8 @@ mod tests {
         assert!(from_g);
         assert_eq!(stored, parent);
         // Without its `g` key the parent is corrupt, not childless.
-        let mut alone: Task = codec::decode(&record_bytes(&parent)).expect("decode");
+        let mut alone: Task =
+            codec::decode(&codec::encode(&*stored_form(&parent))).expect("decode");
         let e = join(&mut alone, |_| Ok(None)).expect_err("missing list");
         assert!(e.contains("g/7") && e.contains("missing"), "{e}");
         // A task without children, or stored whole, is read as it is.

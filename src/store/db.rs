@@ -26,6 +26,7 @@ use crate::store::lock::{DirLock, Role};
 use crate::store::order::Order;
 use crate::store::overlay::{Overlay, Trees};
 use crate::store::records;
+use crate::store::stored;
 use crate::store::wal::Wal;
 use crate::store::write::WriteTxn;
 use crate::task::Task;
@@ -405,7 +406,8 @@ impl Store {
 
     /// A task from its stored bytes, its children list joined (`children`).
     fn task_from(&self, key: &[u8], v: &[u8]) -> Result<Task, CorruptRecord> {
-        let mut t: Task = codec::decode(v).map_err(|e| CorruptRecord::new(key, e))?;
+        let prefix = key.first().copied().unwrap_or_default();
+        let mut t = stored::decode(prefix, v).map_err(|e| CorruptRecord::new(key, e))?;
         self.join_children(&mut t)
             .map_err(|e| CorruptRecord::new(key, e))?;
         Ok(t)

@@ -46,6 +46,12 @@ impl Deadlines {
         }
     }
 
+    /// Takes in the entries of another index (of other tasks).
+    pub fn merge(&mut self, other: Deadlines) {
+        self.by_time.extend(other.by_time);
+        self.of.extend(other.of);
+    }
+
     /// Drops task `id`'s entry, if it has one.
     pub fn forget(&mut self, id: u64) {
         if let Some(at) = self.of.remove(&id) {

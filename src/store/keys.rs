@@ -6,11 +6,11 @@
 //! | key                                   | value (codec record)  |
 //! |---------------------------------------|-----------------------|
 //! | `m` name                              | meta: format, applied, parallel queues |
-//! | `t` id:u64                            | live task             |
+//! | `t` id:u64                            | live task and its queue position (`stored`) |
 //! | `h` id:u64                            | finished task         |
 //! | `e` seq:u64                           | commit record         |
 //! | `e` seq:u64 piece:u32                 | a piece of a large one (`records`) |
-//! | `q` queue-name 0x00 position:i64(*)   | task id:u64           |
+//! | `q` queue-name 0x00 position:i64(*)   | task id:u64 (format 6 and older; folded at open) |
 //! | `o` id:u64 attempt:u32                | attempt log           |
 //! | `c` kind (tree `counters`)            | that kind's counters  |
 //! | `g` parent id:u64                     | its children's ids (`children`) |
@@ -22,11 +22,13 @@ pub const META: u8 = b'm';
 pub const TASK: u8 = b't';
 pub const HISTORY: u8 = b'h';
 pub const EVENT: u8 = b'e';
+/// A queue position of store format 6 and older: opening folds each into
+/// its task's `t` value, and removes it.
 pub const QUEUE: u8 = b'q';
 /// An attempt's log (`AttemptLog`): `o` ‖ task id ‖ attempt number. New
 /// logs are added at the end of this range (ids grow), so the leaf sled
 /// rewrites for each one also holds the first keys of the next range:
-/// here the small `q` keys. (Before `e`, as `a` was at first, that leaf
+/// here the oldest live tasks (`t`; until format 7, the small `q` keys). (Before `e`, as `a` was at first, that leaf
 /// held the oldest commit records, which can be megabytes: sled rewrote
 /// them, as blobs, at every step, and the engine ran at half speed.)
 pub const ATTEMPT: u8 = b'o';
@@ -59,12 +61,17 @@ pub const META_PARALLEL: &[u8] = b"mparallel";
 pub const META_NODE: &[u8] = b"mnode";
 
 /// The on-disk layout version (the key layout above; the record framing has its own byte).
+/// 7: a live task's queue position is in its `t` value (see `stored`), and
+/// there are no `q` keys; a format-6 build would find every queue empty.
+/// Opening upgrades a format-6 (or older) dir by folding each `q` key into
+/// its task's value (`open::fold_queue_keys`).
+pub const STORE_FORMAT: u64 = 7;
 /// 6: a commit is durable once its record is in the write-ahead log
 /// (`db/wal`, see `wal`), before sled has it on disk; a format-5 build
 /// would not read that log and would lose those commits. Opening upgrades a
 /// format-5 dir by writing this number: it has no log, and its sled holds
 /// every commit.
-pub const STORE_FORMAT: u64 = 6;
+pub const STORE_FORMAT_V6: u64 = 6;
 /// 5: a commit record over `records::CHUNK` bytes is stored in pieces
 /// under `e` ‖ seq ‖ piece:u32 (see `records`), and a group parent's
 /// children under `g` ‖ id (see `children`); a format-4 build would

@@ -20,6 +20,7 @@ mod overlay;
 mod panics;
 mod records;
 mod snapshot;
+pub mod stored;
 pub mod verify;
 pub(crate) mod wal;
 mod write;

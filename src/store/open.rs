@@ -12,12 +12,12 @@
 //! 5. [`replay_wal`]: the commits the write-ahead log holds and sled lost
 //!    (a crash or a power cut before sled's own flush) put back into sled;
 //!    then [`reapply`]: every commit record after the applied mark, in
-//!    order; `next_id` and `next_seq` from the last one. To write, sled is
-//!    then flushed and the write-ahead log emptied.
-//! 6. [`load_order`]: the queue order index from the `q` keys, beside
-//!    (to write) [`scan_live`]: one pass over the live tasks for the ones
-//!    that were running and the TTL deadlines; and [`load_counts`]: the
-//!    counters from the `c` keys.
+//!    order; `next_id` and `next_seq` from the last one; then
+//!    [`fold_queue_keys`]: a format-6 dir's `q` keys go into their tasks'
+//!    values. To write, sled is then flushed and the write-ahead log emptied.
+//! 6. [`scan_live`]: one pass over the live tasks for their queue positions
+//!    (the order index) and (to write) the ones that were running and the
+//!    TTL deadlines; and [`load_counts`]: the counters from the `c` keys.
 //! 7. `Store::open` starts the applier (the batched flusher, the sled flusher), then
 //!    [`Store::recover`]s tasks that were running.
 //!
@@ -36,7 +36,7 @@ use crate::store::db::{Inner, Options, Store};
 use crate::store::deadlines::Deadlines;
 use crate::store::durability::{Durability, GroupCommit};
 use crate::store::error::{CorruptRecord, OpenError, WriteError};
-use crate::store::event::INTERRUPTED;
+use crate::store::event::{INTERRUPTED, KeyWrite};
 use crate::store::files::{self, DbFiles};
 use crate::store::health::Failed;
 use crate::store::keys::{self, COUNTER, HISTORY, QUEUE, TASK};
@@ -45,8 +45,9 @@ use crate::store::order::{self, Order};
 use crate::store::overlay::{self, Overlay, Trees};
 use crate::store::panics;
 use crate::store::records;
+use crate::store::stored;
 use crate::store::wal::{self, Wal};
-use crate::task::{Status, Task};
+use crate::task::Status;
 
 /// How often a daemon waiting for commands says so in the log.
 const WAIT_LOG_EVERY: Duration = Duration::from_secs(10);
@@ -332,6 +333,7 @@ fn check_format(o: &Opening<'_>, files: &DbFiles, read_only: bool) -> Result<u64
         Some(v) => match codec::decode::<u64>(&v) {
             Ok(
                 f @ (keys::STORE_FORMAT
+                | keys::STORE_FORMAT_V6
                 | keys::STORE_FORMAT_V5
                 | keys::STORE_FORMAT_V4
                 | keys::STORE_FORMAT_V3
@@ -376,7 +378,7 @@ struct Replayed {
 
 /// Step 5: applies again, in order, every commit record after the applied
 /// mark (they may be unapplied or partly applied), and always the last one
-/// (re-applying an applied record is harmless). A format-1 dir has no mark,
+/// (re-applying an applied record is harmless; see [`keep_positions`]). A format-1 dir has no mark,
 /// and only its last record can be partly applied. Then `next_id` is raised
 /// past the highest task id.
 /// Step 5's first half: the commits in the write-ahead log (`wal`) from
@@ -510,7 +512,10 @@ fn reapply(
             Err(records::Unread::Db(e)) => return Err(o.db(e)),
         };
         match l.record() {
-            Ok(rec) => {
+            Ok(mut rec) => {
+                if l.seq <= mark {
+                    keep_positions(tree, &mut rec.writes).map_err(|e| o.db(e))?;
+                }
                 o.trees.apply_writes(&rec.writes).map_err(|e| o.db(e))?;
                 next_id = rec.next_id;
                 next_seq = rec.events.last().map_or(1, |e| e.seq + 1);
@@ -571,40 +576,100 @@ fn reapply(
     })
 }
 
-/// Step 6: the queue order index from every `q` key. A malformed key or a
-/// task in two positions is reported as corrupt.
-fn load_order(o: &Opening<'_>, corrupt: &mut Vec<CorruptRecord>) -> Result<Order, OpenError> {
-    let mut entries = Vec::new();
-    let mut name: Option<order::Name> = None;
-    for item in o.tree.scan_prefix([QUEUE]) {
-        let (k, v) = item.map_err(|e| o.db(e))?;
-        let parsed = keys::parse_queue_key_ref(&k)
-            .ok_or_else(|| "malformed queue key".to_string())
-            .and_then(|(q, pos)| {
-                codec::decode::<u64>(&v)
-                    .map(|id| (q, pos, id))
-                    .map_err(|e| e.to_string())
-            });
-        match parsed {
-            Ok((q, pos, id)) => {
-                // Keys come by queue: one shared name per queue.
-                let n = match &name {
-                    Some(n) if &**n == q => n.clone(),
-                    _ => name.insert(order::Name::from(q)).clone(),
-                };
-                entries.push((n, pos, id));
-            }
-            Err(reason) => corrupt.push(CorruptRecord::new(&k, reason)),
+/// For a record the applied mark covers, re-applied all the same (the
+/// log's last one): a live task's value it writes as a record alone (a
+/// format-6 record) keeps the position the tree's value holds, which a fold
+/// gave it (`fold_queue_keys`) after the record was first applied. Without
+/// this, opening a folded dir again before its first commit would take
+/// those tasks out of their queues.
+fn keep_positions(tree: &sled::Db, writes: &mut [KeyWrite]) -> Result<(), sled::Error> {
+    for w in writes {
+        let Some(v) = w.value.as_mut() else {
+            continue;
+        };
+        if w.key.first() != Some(&TASK) || stored::split(v).position.is_some() {
+            continue;
+        }
+        if let Some(now) = tree.get(&w.key)?
+            && let Some(p) = stored::split(&now).position
+        {
+            *v = stored::with_position(p, v);
         }
     }
-    let (order, twice) = Order::load(entries);
-    for (q, pos, id) in twice {
-        corrupt.push(CorruptRecord::new(
-            &keys::queue_key(&q, pos),
-            format!("task {id} is in more than one queue position"),
-        ));
+    Ok(())
+}
+
+/// How many `q` keys one sled batch of [`fold_queue_keys`] folds.
+const FOLD_BATCH: usize = 10_000;
+
+/// Step 5½: a dir written by store format 6 or older keeps each queue
+/// position in a `q` key; each goes into its task's value (`stored`), in
+/// sled batches that each put the values and remove their `q` keys, so a
+/// crash between two leaves every position in one place or the other, and
+/// the next open folds the rest. A `q` key whose task already holds that
+/// position (a format-6 record re-applied) just goes. One that is malformed,
+/// names a task that is not live, or gives a task a second position is a
+/// corrupt record, and stays. Returns how many were folded.
+fn fold_queue_keys(o: &Opening<'_>, corrupt: &mut Vec<CorruptRecord>) -> Result<usize, OpenError> {
+    let mut folded = 0;
+    let mut seen = std::collections::HashSet::new();
+    let mut batch = sled::Batch::default();
+    let mut in_batch = 0;
+    for item in o.tree.scan_prefix([QUEUE]) {
+        let (k, v) = item.map_err(|e| o.db(e))?;
+        let Some((queue, pos)) = keys::parse_queue_key_ref(&k) else {
+            corrupt.push(CorruptRecord::new(&k, "malformed queue key"));
+            continue;
+        };
+        let id = match codec::decode::<u64>(&v) {
+            Ok(id) => id,
+            Err(e) => {
+                corrupt.push(CorruptRecord::new(&k, e));
+                continue;
+            }
+        };
+        let tk = keys::id_key(TASK, id);
+        let Some(tv) = o.tree.get(tk).map_err(|e| o.db(e))? else {
+            corrupt.push(CorruptRecord::new(
+                &k,
+                format!("a queue position of task {id}, which is not live"),
+            ));
+            continue;
+        };
+        let wanted = stored::position_bytes(queue, pos);
+        match stored::split(&tv).position {
+            Some(p) if p == wanted.as_slice() => {}
+            None if seen.insert(id) => {
+                batch.insert(&tk[..], stored::with_position(&wanted, &tv));
+                folded += 1;
+            }
+            _ => {
+                corrupt.push(CorruptRecord::new(
+                    &k,
+                    format!("task {id} is in more than one queue position"),
+                ));
+                continue;
+            }
+        }
+        batch.remove(k);
+        in_batch += 1;
+        if in_batch == FOLD_BATCH {
+            o.tree
+                .apply_batch(std::mem::take(&mut batch))
+                .map_err(|e| o.db(e))?;
+            in_batch = 0;
+        }
     }
-    Ok(order)
+    if in_batch > 0 {
+        o.tree.apply_batch(batch).map_err(|e| o.db(e))?;
+    }
+    if folded > 0 {
+        log::info!(
+            "{}: {folded} queue position(s) of store format 6 moved into their tasks' records",
+            o.dir.display()
+        );
+    }
+    Ok(folded)
 }
 
 /// Step 6, continued: every kind's counters from the `c` keys, and the
@@ -655,24 +720,103 @@ struct Loaded {
     live: Option<LiveScan>,
 }
 
-/// What one pass over the live tasks found: the tasks that were running
-/// (id, attempt, start), the TTL deadlines, the records it could not read.
+/// What one pass over the live tasks found: the queue positions (the
+/// order index's entries), the tasks that were running (id, attempt,
+/// start), the TTL deadlines, the records it could not read.
+#[derive(Default)]
 struct LiveScan {
+    entries: Vec<(order::Name, i64, u64)>,
     interrupted: Vec<(u64, u32, Option<u64>)>,
     deadlines: Deadlines,
     corrupt: Vec<CorruptRecord>,
 }
 
-/// Step 6, beside `load_order` (writable opens): every live task once.
-fn scan_live(tree: &sled::Db) -> Result<LiveScan, sled::Error> {
-    let mut scan = LiveScan {
-        interrupted: Vec::new(),
-        deadlines: Deadlines::default(),
-        corrupt: Vec::new(),
+impl LiveScan {
+    fn merge(&mut self, other: LiveScan) {
+        self.entries.extend(other.entries);
+        self.interrupted.extend(other.interrupted);
+        self.deadlines.merge(other.deadlines);
+        self.corrupt.extend(other.corrupt);
+    }
+}
+
+/// Step 6: one pass over the live tasks, in two threads (each a half of
+/// their ids). To read, only each task's position is decoded; to write,
+/// its record too, for the running tasks and the deadlines. A position
+/// still counts when its task's record is damaged: its queue stops there.
+fn scan_live(tree: &sled::Db, records: bool) -> Result<LiveScan, sled::Error> {
+    let id_of = |k: Option<Result<(sled::IVec, sled::IVec), sled::Error>>| {
+        k.transpose()
+            .map(|kv| kv.and_then(|(k, _)| keys::parse_id_key(&k)))
     };
-    for item in tree.scan_prefix([TASK]) {
+    let (Some(lo), Some(hi)) = (
+        id_of(tree.scan_prefix([TASK]).next())?,
+        id_of(tree.scan_prefix([TASK]).next_back())?,
+    ) else {
+        return scan_range(tree, vec![TASK], vec![TASK + 1], records);
+    };
+    let mid = keys::id_key(TASK, lo + (hi - lo) / 2).to_vec();
+    std::thread::scope(|scope| {
+        let upper = mid.clone();
+        let low = scope.spawn(move || scan_range(tree, vec![TASK], upper, records));
+        let high = scan_range(tree, mid, vec![TASK + 1], records)?;
+        // In id order, as one pass finds them.
+        let mut scan = low
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p))?;
+        scan.merge(high);
+        Ok(scan)
+    })
+}
+
+/// [`scan_live`] over the keys from `from` to before `to`.
+fn scan_range(
+    tree: &sled::Db,
+    from: Vec<u8>,
+    to: Vec<u8>,
+    records: bool,
+) -> Result<LiveScan, sled::Error> {
+    let mut scan = LiveScan::default();
+    // One shared name per queue.
+    let mut names: std::collections::HashMap<String, order::Name> = Default::default();
+    for item in tree.range(from..to) {
         let (k, v) = item?;
-        match codec::decode::<Task>(&v) {
+        let Some(id) = keys::parse_id_key(&k) else {
+            scan.corrupt
+                .push(CorruptRecord::new(&k, "malformed live task key"));
+            continue;
+        };
+        let (position, task) = match records {
+            true => {
+                let (p, t) = stored::decode_live(&v);
+                (p, Some(t))
+            }
+            false => (stored::position(&v), None),
+        };
+        match position {
+            Ok(Some((queue, pos))) => {
+                let name = match names.get(&queue) {
+                    Some(n) => n.clone(),
+                    None => names
+                        .entry(queue)
+                        .or_insert_with_key(|q| q.as_str().into())
+                        .clone(),
+                };
+                scan.entries.push((name, pos, id));
+            }
+            Ok(None) => {}
+            Err(e) => scan
+                .corrupt
+                .push(CorruptRecord::new(&k, format!("its queue position: {e}"))),
+        }
+        let Some(task) = task else {
+            continue;
+        };
+        match task {
+            Ok(t) if t.id != id => scan.corrupt.push(CorruptRecord::new(
+                &k,
+                format!("the record under it is task {}", t.id),
+            )),
             Ok(t) if t.status == Status::Running => {
                 scan.interrupted.push((t.id, t.attempts, t.started_at))
             }
@@ -734,6 +878,7 @@ impl Store {
             let mut corrupt = Vec::new();
             replay_wal(&o, &db)?;
             let replayed = reapply(&o, format, &mut corrupt)?;
+            fold_queue_keys(&o, &mut corrupt)?;
             // To write: sled now holds every commit; the log starts empty.
             let wal = match opts.read_only {
                 true => None,
@@ -747,17 +892,17 @@ impl Store {
                     opts.write_ahead_log.then(|| Arc::new(wal))
                 }
             };
-            // The queue keys and (to write) the live tasks are read side by
-            // side: two passes over different key ranges.
-            let (order, live) = std::thread::scope(|scope| {
-                let tree = o.tree;
-                let live = (!opts.read_only).then(|| scope.spawn(move || scan_live(tree)));
-                let order = load_order(&o, &mut corrupt);
-                let live = live.map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
-                (order, live)
-            });
-            let order = order?;
-            let live = live.transpose().map_err(|e| o.db(e))?;
+            let mut live = scan_live(o.tree, !opts.read_only).map_err(|e| o.db(e))?;
+            corrupt.append(&mut live.corrupt);
+            let (order, twice) = Order::load(std::mem::take(&mut live.entries));
+            // Each id has one key: never a second position (kept as a check).
+            for (q, pos, id) in twice {
+                corrupt.push(CorruptRecord::new(
+                    &keys::id_key(TASK, id),
+                    format!("a second queue position ({pos} in queue '{q}')"),
+                ));
+            }
+            let live = (!opts.read_only).then_some(live);
             let counting = load_counts(&o, replayed.next_seq, &mut corrupt)?;
             Ok(Loaded {
                 files,
@@ -894,11 +1039,10 @@ impl Store {
         let LiveScan {
             interrupted,
             deadlines,
-            corrupt,
+            ..
         } = live;
         // The same one pass over the live tasks built the TTL deadlines.
         self.lock_inner().deadlines = Some(deadlines);
-        self.corrupt.extend(corrupt);
         if interrupted.is_empty() {
             return Ok(());
         }

@@ -1,11 +1,13 @@
-//! The order of every queue, held in memory and mirrored in `q` keys.
+//! The order of every queue, held in memory; each position is stored in its
+//! task's live record (see `stored`), and the index is rebuilt from them at
+//! open.
 //!
 //! A queue is a map from position (i64) to task id. Adding last or first
 //! takes a position a gap beyond the ends; adding after or before a task takes
 //! the midpoint with its neighbour; when no integer is left between two
-//! neighbours the queue is renumbered. Every change returns the key writes
-//! for the caller's batch and records how to undo it, so a failed commit
-//! leaves the index as it was.
+//! neighbours the queue is renumbered. Every change records how to undo it,
+//! so a failed commit leaves the index as it was; a renumber names the other
+//! tasks it moved, whose records the commit must write again.
 
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
@@ -23,13 +25,6 @@ pub enum Placement {
 }
 
 const GAP: i64 = 1 << 32;
-
-/// A key change the batch must carry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KeyOp {
-    Put { queue: String, pos: i64, id: u64 },
-    Del { queue: String, pos: i64 },
-}
 
 /// How to take one change back.
 #[derive(Debug)]
@@ -90,8 +85,8 @@ impl Order {
         self.at.insert(id, (name, pos));
     }
 
-    /// Builds the index from the entries read from disk (`q` keys, in key
-    /// order: by queue, then by position; any order works, that one is the
+    /// Builds the index from the entries read from disk (the positions in
+    /// the live records; any order works, by queue then by position is the
     /// fastest). An entry whose task already has a position (an earlier
     /// one) is left out and returned, as (queue, position, id).
     ///
@@ -158,6 +153,11 @@ impl Order {
             .collect()
     }
 
+    /// The position of a task in its queue.
+    pub fn position(&self, id: u64) -> Option<i64> {
+        self.at.get(&id).map(|(_, pos)| *pos)
+    }
+
     /// The queue a task is in.
     pub fn queue_of(&self, id: u64) -> Option<&str> {
         self.at.get(&id).map(|(q, _)| &**q)
@@ -178,52 +178,40 @@ impl Order {
             .map(|(_, id)| *id)
     }
 
-    /// Adds `id` to `queue` at `placement`.
+    /// Adds `id` to `queue` at `placement`. Returns the other tasks whose
+    /// positions changed (all of the queue's when it had to be renumbered,
+    /// else none).
     pub fn place(
         &mut self,
         queue: &str,
         id: u64,
         placement: Placement,
-        ops: &mut Vec<KeyOp>,
         undo: &mut Vec<Undo>,
-    ) -> Result<(), OrderError> {
+    ) -> Result<Vec<u64>, OrderError> {
         if self.at.contains_key(&id) {
             return Err(OrderError::AlreadyQueued(id));
         }
+        let mut moved = Vec::new();
         let pos = match self.free_position(queue, placement)? {
             Some(p) => p,
             None => {
-                self.renumber(queue, ops, undo);
+                moved = self.renumber(queue, undo);
                 self.free_position(queue, placement)?
                     .expect("a renumbered queue has room everywhere")
             }
         };
         self.put(queue, pos, id);
-        ops.push(KeyOp::Put {
-            queue: queue.to_string(),
-            pos,
-            id,
-        });
         undo.push(Undo::Placed(id));
-        Ok(())
+        Ok(moved)
     }
 
     /// Takes `id` out of its queue. Returns the queue it was in.
-    pub fn unplace(
-        &mut self,
-        id: u64,
-        ops: &mut Vec<KeyOp>,
-        undo: &mut Vec<Undo>,
-    ) -> Option<String> {
+    pub fn unplace(&mut self, id: u64, undo: &mut Vec<Undo>) -> Option<String> {
         let (name, pos) = self.at.remove(&id)?;
         if let Some(q) = self.queues.get_mut(&name) {
             q.remove(&pos);
         }
         let queue = name.to_string();
-        ops.push(KeyOp::Del {
-            queue: queue.clone(),
-            pos,
-        });
         undo.push(Undo::Unplaced {
             id,
             queue: queue.clone(),
@@ -299,32 +287,24 @@ impl Order {
         })
     }
 
-    fn renumber(&mut self, queue: &str, ops: &mut Vec<KeyOp>, undo: &mut Vec<Undo>) {
+    /// Spreads a queue's positions a gap apart again; returns its tasks.
+    fn renumber(&mut self, queue: &str, undo: &mut Vec<Undo>) -> Vec<u64> {
         let name = self.name(queue);
         let old = self.queues.remove(queue).unwrap_or_default();
         let n = old.len() as i64;
         let mut fresh = BTreeMap::new();
-        for pos in old.keys() {
-            ops.push(KeyOp::Del {
-                queue: queue.to_string(),
-                pos: *pos,
-            });
-        }
         for (i, id) in old.values().enumerate() {
             let pos = (i as i64 - n / 2) * GAP;
             fresh.insert(pos, *id);
             self.at.insert(*id, (name.clone(), pos));
-            ops.push(KeyOp::Put {
-                queue: queue.to_string(),
-                pos,
-                id: *id,
-            });
         }
+        let moved = old.values().copied().collect();
         self.queues.insert(name, fresh);
         undo.push(Undo::Renumbered {
             queue: queue.to_string(),
             old,
         });
+        moved
     }
 }
 
@@ -338,7 +318,7 @@ mod tests {
     use super::*;
 
     fn place(o: &mut Order, q: &str, id: u64, p: Placement) {
-        o.place(q, id, p, &mut Vec::new(), &mut Vec::new()).unwrap();
+        o.place(q, id, p, &mut Vec::new()).unwrap();
     }
 
     #[test]
@@ -359,13 +339,13 @@ mod tests {
         assert_eq!(o.next_after(99), None);
     }
 
-    /// Loading what `q` keys hold gives the order placing built; a task
-    /// found at a second position keeps its first one, and the second is
-    /// returned; entries out of key order load the same.
+    /// Loading the positions placing gave (as the live records hold them)
+    /// gives the order placing built; a task found at a second position
+    /// keeps its first one, and the second is returned; entries in another
+    /// order load the same.
     #[test]
     fn loading_entries_gives_the_queues_they_describe() {
         let mut built = Order::default();
-        let mut ops = Vec::new();
         for (q, id, p) in [
             ("b", 1, Placement::Last),
             ("a", 2, Placement::Last),
@@ -374,16 +354,15 @@ mod tests {
             ("a", 5, Placement::Before(2)),
             ("ab", 6, Placement::Last),
         ] {
-            built.place(q, id, p, &mut ops, &mut Vec::new()).unwrap();
+            built.place(q, id, p, &mut Vec::new()).unwrap();
         }
-        let mut entries: Vec<(Name, i64, u64)> = ops
-            .iter()
-            .map(|op| match op {
-                KeyOp::Put { queue, pos, id } => (Name::from(queue.as_str()), *pos, *id),
-                KeyOp::Del { .. } => panic!("no task left a queue"),
+        let mut entries: Vec<(Name, i64, u64)> = (1..=6)
+            .map(|id| {
+                let q = built.queue_of(id).unwrap();
+                (Name::from(q), built.position(id).unwrap(), id)
             })
             .collect();
-        // Key order: by queue name, then by position.
+        // By queue name, then by position.
         entries.sort_by(|x, y| (x.0.as_bytes(), x.1).cmp(&(y.0.as_bytes(), y.1)));
         let twice = (Name::from("a"), i64::MAX, 3);
         entries.push(twice.clone());
@@ -411,17 +390,32 @@ mod tests {
         let mut o = Order::default();
         place(&mut o, "q", 1, Placement::Last);
         place(&mut o, "q", 2, Placement::Last);
-        // Always insert right after 1: halves the gap every time.
-        let mut ops = Vec::new();
+        // Always insert right after 1: halves the gap every time, so the
+        // queue is renumbered every 32 insertions.
+        let mut moved = Vec::new();
         for id in 3..100 {
-            o.place("q", id, Placement::After(1), &mut ops, &mut Vec::new())
+            let m = o
+                .place("q", id, Placement::After(1), &mut Vec::new())
                 .unwrap();
+            if !m.is_empty() {
+                moved.push((id, m));
+            }
         }
         let mut expected = vec![1];
         expected.extend((3..100).rev());
         expected.push(2);
         assert_eq!(o.ids("q"), expected);
-        assert!(ops.len() > 97, "renumbering wrote keys");
+        assert_eq!(moved.len(), 3, "{moved:?}");
+        // A renumber names every task queued before it.
+        for (at, ids) in moved {
+            let mut named = ids.clone();
+            named.sort_unstable();
+            assert_eq!(
+                named,
+                (1..at).collect::<Vec<u64>>(),
+                "renumbered before {at}"
+            );
+        }
     }
 
     #[test]
@@ -431,12 +425,10 @@ mod tests {
         place(&mut o, "q", 2, Placement::Last);
         let before = o.ids("q");
         let mut undo = Vec::new();
-        let mut ops = Vec::new();
         for id in 3..80 {
-            o.place("q", id, Placement::After(1), &mut ops, &mut undo)
-                .unwrap();
+            o.place("q", id, Placement::After(1), &mut undo).unwrap();
         }
-        o.unplace(2, &mut ops, &mut undo);
+        o.unplace(2, &mut undo);
         o.rollback(undo);
         assert_eq!(o.ids("q"), before);
         assert_eq!(o.total(), 2);
@@ -447,27 +439,15 @@ mod tests {
         let mut o = Order::default();
         place(&mut o, "a", 1, Placement::Last);
         let e = o
-            .place(
-                "b",
-                2,
-                Placement::After(1),
-                &mut Vec::new(),
-                &mut Vec::new(),
-            )
+            .place("b", 2, Placement::After(1), &mut Vec::new())
             .unwrap_err();
         assert!(matches!(e, OrderError::OtherQueue { .. }));
         let e = o
-            .place(
-                "b",
-                2,
-                Placement::Before(9),
-                &mut Vec::new(),
-                &mut Vec::new(),
-            )
+            .place("b", 2, Placement::Before(9), &mut Vec::new())
             .unwrap_err();
         assert_eq!(e, OrderError::NotQueued(9));
         let e = o
-            .place("b", 1, Placement::Last, &mut Vec::new(), &mut Vec::new())
+            .place("b", 1, Placement::Last, &mut Vec::new())
             .unwrap_err();
         assert_eq!(e, OrderError::AlreadyQueued(1));
     }

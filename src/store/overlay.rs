@@ -353,7 +353,7 @@ fn apply_range(
 /// per key), so their order does not matter: after a crash, open
 /// re-applies every record after the mark as before. Sled's writers are
 /// lock-free, and the halves lie mostly in different leaves (a batch
-/// enqueue's `q` keys and its `t` keys, for one). With a single applier,
+/// enqueue's `t` keys, cut at its middle id, for one). With a single applier,
 /// sled's inserts at one core were the limit of a long batch enqueue once
 /// the overlay was full.
 ///

@@ -21,10 +21,10 @@ use crate::store::children;
 use crate::store::counters::KindCounts;
 use crate::store::db::Store;
 use crate::store::error::{CorruptRecord, WriteError};
-use crate::store::keys::{self, ATTEMPT, CHILDREN, COUNTER, EVENT, HISTORY, QUEUE, TASK};
+use crate::store::keys::{self, ATTEMPT, CHILDREN, COUNTER, EVENT, HISTORY, TASK};
 use crate::store::records;
+use crate::store::stored;
 use crate::store::verify::Model;
-use crate::task::Task;
 
 /// The state after event `model.last_seq`, and the next task id then.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,7 +58,7 @@ pub struct LogCut {
 }
 
 /// The prefixes of the keys that hold the state (not the log, not meta).
-const STATE: [u8; 6] = [TASK, HISTORY, QUEUE, ATTEMPT, COUNTER, CHILDREN];
+const STATE: [u8; 5] = [TASK, HISTORY, ATTEMPT, COUNTER, CHILDREN];
 
 impl Store {
     /// The state after the last committed event, read while commits go on
@@ -243,25 +243,23 @@ impl Store {
 /// The model of a set of state keys (see [`keys`]).
 fn model_from_keys(state: BTreeMap<Vec<u8>, Vec<u8>>) -> Result<Model, CorruptRecord> {
     let mut m = Model::default();
+    // (queue, position, id) of every queued task.
+    let mut positions = Vec::new();
     for (k, v) in &state {
         let corrupt = |e: codec::CodecError| CorruptRecord::new(k, e);
         match k.first() {
             Some(&TASK) | Some(&HISTORY) => {
-                let mut t: Task = codec::decode(v).map_err(corrupt)?;
+                let mut t = stored::decode(k[0], v).map_err(corrupt)?;
                 children::join(&mut t, |g| Ok(state.get(g).cloned()))
                     .map_err(|e| CorruptRecord::new(k, e))?;
                 if k[0] == TASK {
+                    if let Some((queue, pos)) = stored::position(v).map_err(corrupt)? {
+                        positions.push((queue, pos, t.id));
+                    }
                     m.live.insert(t.id, t);
                 } else {
                     m.history.insert(t.id, t);
                 }
-            }
-            Some(&QUEUE) => {
-                let (queue, _) = keys::parse_queue_key(k)
-                    .ok_or_else(|| CorruptRecord::new(k, "not a queue position key"))?;
-                let id: u64 = codec::decode(v).map_err(corrupt)?;
-                // Keys come in order: by queue, then by position.
-                m.queues.entry(queue).or_default().push_back(id);
             }
             Some(&ATTEMPT) => {
                 let at = keys::parse_attempt_key(k)
@@ -276,6 +274,10 @@ fn model_from_keys(state: BTreeMap<Vec<u8>, Vec<u8>>) -> Result<Model, CorruptRe
             }
             _ => {}
         }
+    }
+    positions.sort_unstable();
+    for (queue, _, id) in positions {
+        m.queues.entry(queue).or_default().push_back(id);
     }
     Ok(m)
 }

@@ -29,7 +29,8 @@ use crate::store::db::{Inner, Store};
 use crate::store::error::{CorruptRecord, WriteError};
 use crate::store::event::{self, CommitRecord, Event, EventKind, KeyWrite};
 use crate::store::keys::{self, HISTORY, TASK};
-use crate::store::order::{KeyOp, Placement, Undo};
+use crate::store::order::{Placement, Undo};
+use crate::store::stored;
 use crate::task::{Status, Task, check_name};
 
 mod group_views;
@@ -70,7 +71,6 @@ pub struct WriteTxn<'s> {
     inner: Option<MutexGuard<'s, Inner>>,
     now: u64,
     slots: BTreeMap<u64, Slot>,
-    ops: Vec<KeyOp>,
     undo: Vec<Undo>,
     events: Vec<Event>,
     next_id: u64,
@@ -117,7 +117,6 @@ impl<'s> WriteTxn<'s> {
             now: store.clock().now_ms(),
             inner: Some(inner),
             slots: BTreeMap::new(),
-            ops: Vec::new(),
             undo: Vec::new(),
             events: Vec::new(),
             next_id,
@@ -193,7 +192,7 @@ impl<'s> WriteTxn<'s> {
             return Ok(None);
         };
         let corrupt = |e: String| WriteError::Corrupt(CorruptRecord::new(&key, e));
-        let mut t: Task = codec::decode(&v).map_err(|e| corrupt(e.to_string()))?;
+        let mut t = stored::decode(prefix, &v).map_err(|e| corrupt(e.to_string()))?;
         if !children::is_apart(&t) {
             return Ok(Some((t, false)));
         }
@@ -348,13 +347,7 @@ impl<'s> WriteTxn<'s> {
         }
         let id = task.id;
         if let Some(p) = placement {
-            let queue = task.queue.clone();
-            let (ops, undo) = (&mut self.ops, &mut self.undo);
-            self.inner
-                .as_mut()
-                .expect("live txn")
-                .order
-                .place(&queue, id, p, ops, undo)?;
+            self.place_in_order(&task.queue.clone(), id, p)?;
         }
         self.slots.insert(
             id,
@@ -378,17 +371,34 @@ impl<'s> WriteTxn<'s> {
     pub fn place(&mut self, id: u64, queue: &str, placement: Placement) -> Result<(), WriteError> {
         check_name("queue", queue).map_err(WriteError::Queue)?;
         self.live(id, "place it")?;
-        let (ops, undo) = (&mut self.ops, &mut self.undo);
-        self.inner
-            .as_mut()
-            .expect("live txn")
-            .order
-            .place(queue, id, placement, ops, undo)?;
+        self.place_in_order(queue, id, placement)?;
         self.push_event(EventKind::Placed {
             id,
             queue: queue.to_string(),
             placement,
         })
+    }
+
+    /// Gives `id` a position in `queue` (its record, written by the event
+    /// that placed it, holds it). Should the queue be renumbered, every
+    /// other task in it moved: their records are written again too.
+    fn place_in_order(
+        &mut self,
+        queue: &str,
+        id: u64,
+        placement: Placement,
+    ) -> Result<(), WriteError> {
+        let undo = &mut self.undo;
+        let moved = self
+            .inner
+            .as_mut()
+            .expect("live txn")
+            .order
+            .place(queue, id, placement, undo)?;
+        for other in moved {
+            self.slot(other)?.dirty = true;
+        }
+        Ok(())
     }
 
     fn expect_status(&mut self, id: u64, want: Status, op: &'static str) -> Result<(), WriteError> {
@@ -492,12 +502,12 @@ impl<'s> WriteTxn<'s> {
     /// Moves a task out of its queue into the history with its final status.
     pub fn to_history(&mut self, id: u64, status: Status) -> Result<(), WriteError> {
         self.live(id, "move it to history")?;
-        let (ops, undo) = (&mut self.ops, &mut self.undo);
+        let undo = &mut self.undo;
         self.inner
             .as_mut()
             .expect("live txn")
             .order
-            .unplace(id, ops, undo);
+            .unplace(id, undo);
         self.push_event(EventKind::MovedToHistory { id, status })?;
         let slot = self.slot(id)?;
         slot.home = Home::History;
@@ -531,12 +541,7 @@ impl<'s> WriteTxn<'s> {
             });
         }
         let queue = task.queue.clone();
-        let (ops, undo) = (&mut self.ops, &mut self.undo);
-        self.inner
-            .as_mut()
-            .expect("live txn")
-            .order
-            .place(&queue, id, placement, ops, undo)?;
+        self.place_in_order(&queue, id, placement)?;
         self.push_event(EventKind::Retried { id, placement })?;
         self.slot(id)?.home = Home::Live;
         Ok(())
@@ -566,12 +571,12 @@ impl<'s> WriteTxn<'s> {
     }
 
     fn remove_one(&mut self, id: u64) -> Result<Vec<u64>, WriteError> {
-        let (ops, undo) = (&mut self.ops, &mut self.undo);
+        let undo = &mut self.undo;
         self.inner
             .as_mut()
             .expect("live txn")
             .order
-            .unplace(id, ops, undo);
+            .unplace(id, undo);
         self.push_event(EventKind::Removed { id })?;
         let slot = self.slot(id)?;
         slot.task = None;
@@ -786,24 +791,13 @@ impl<'s> WriteTxn<'s> {
         self.events.is_empty()
     }
 
-    /// The key writes this transaction makes: queue keys from the order
-    /// changes, and for each task it changed (a dirty slot; tasks it only
-    /// read are not written), a delete of its old key if it moved or was
-    /// removed, and a put of the encoded task under its new key.
+    /// The key writes this transaction makes: for each task it changed (a
+    /// dirty slot; tasks it only read are not written), a delete of its old
+    /// key if it moved or was removed, and a put of the encoded task under
+    /// its new key (a live task with its queue position: see `stored`).
     fn key_writes(&self) -> Vec<KeyWrite> {
-        let mut writes = Vec::with_capacity(self.ops.len() + self.slots.len());
-        for op in &self.ops {
-            writes.push(match op {
-                KeyOp::Put { queue, pos, id } => KeyWrite {
-                    key: keys::queue_key(queue, *pos),
-                    value: Some(codec::encode(id)),
-                },
-                KeyOp::Del { queue, pos } => KeyWrite {
-                    key: keys::queue_key(queue, *pos),
-                    value: None,
-                },
-            });
-        }
+        let order = &self.inner.as_ref().expect("live txn").order;
+        let mut writes = Vec::with_capacity(self.slots.len());
         for (id, slot) in self.slots.iter().filter(|(_, s)| s.dirty) {
             let key_of = |home| match home {
                 Home::New => None,
@@ -821,9 +815,13 @@ impl<'s> WriteTxn<'s> {
                 });
             }
             if let (Some(k), Some(task)) = (target_key, &slot.task) {
+                let value = match slot.home {
+                    Home::Live => stored::live_bytes(task, order.position(*id)),
+                    _ => stored::history_bytes(task),
+                };
                 writes.push(KeyWrite {
                     key: k.to_vec(),
-                    value: Some(children::record_bytes(task)),
+                    value: Some(value),
                 });
                 if !task.children.is_empty() && !slot.children_kept {
                     writes.push(KeyWrite {

@@ -2,7 +2,9 @@
 //!
 //! The first byte picks the record type and whether the rest is taken as a
 //! whole record (checksum and all) or as version byte and body, framed here
-//! with a correct CRC-32 so that the fuzzer reaches the body decoder.
+//! with a correct CRC-32 so that the fuzzer reaches the body decoder. With
+//! bit 3 set, the rest is a live task's value (`berth::store::stored`: a
+//! position and a record, each framed), taken as it is.
 //!
 //! Asserts:
 //! - decoding never panics;
@@ -11,7 +13,8 @@
 //!   encoding is canonical, no two records mean the same value;
 //! - decoding allocates no more than the allocation limit the codec picks
 //!   for the record's size, plus the boxes bincode does not count (a
-//!   task inside an event), bounded by the input's size.
+//!   task inside an event), bounded by the input's size;
+//! - a live task's value whose parts both decode is exactly their join.
 
 use std::fmt::Debug;
 
@@ -19,6 +22,7 @@ use berth::budget::Blob;
 use berth::codec;
 use berth::store::event::{CommitRecord, Event, KeyWrite};
 use berth::store::order::Placement;
+use berth::store::stored;
 use berth::task::Task;
 
 use super::alloc;
@@ -66,10 +70,30 @@ fn check<T: codec::Record + Debug>(record: &[u8]) {
     }
 }
 
+/// A live task's value: each part as a record of its own, and the whole.
+fn check_live(v: &[u8]) {
+    let parts = stored::split(v);
+    if let Some(p) = parts.position {
+        check::<Option<stored::Position>>(p);
+    }
+    check::<Task>(parts.record);
+    let (position, task) = stored::decode_live(v);
+    if let (Ok(_), Ok(_), Some(p)) = (position, task, parts.position) {
+        assert_eq!(
+            stored::with_position(p, parts.record),
+            v,
+            "a live value that decodes is its parts joined"
+        );
+    }
+}
+
 pub fn codec(data: &[u8]) {
     let Some((&selector, rest)) = data.split_first() else {
         return;
     };
+    if selector & 0x08 != 0 {
+        return check_live(rest);
+    }
     let record = if selector & 0x80 == 0 {
         frame(rest)
     } else {

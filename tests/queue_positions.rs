@@ -1,0 +1,257 @@
+//! Queue positions kept in the live tasks' records (store format 7): a
+//! renumbered queue rewrites its tasks and keeps its order across opens,
+//! and a format-6 dir (positions in `q` keys) is folded at open, also after
+//! a crash halfway through, also when its last (format-6) record is
+//! re-applied by a later open, and is read as it is without writing.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use berth::clock::FakeClock;
+use berth::codec;
+use berth::store::event::{CommitRecord, KeyWrite};
+use berth::store::{Options, Placement, Store, keys, stored, verify};
+use berth::submit;
+use berth::task::TaskSpec;
+use common::{T0, open, spec, tempdir};
+
+fn add(store: &Store, queue: &str, name: &str, p: Placement) -> u64 {
+    submit::enqueue_one(store, spec(queue, name), p).expect("enqueue")
+}
+
+fn assert_log_agrees(store: &Store) {
+    let diffs = verify::verify(store).expect("replay");
+    assert!(diffs.is_empty(), "log and state disagree: {diffs:#?}");
+}
+
+/// Every non-empty queue and its ids, head first.
+fn queues(store: &Store) -> BTreeMap<String, Vec<u64>> {
+    store
+        .queues()
+        .into_iter()
+        .map(|(q, _)| {
+            let ids = store.queue_ids(&q);
+            (q, ids)
+        })
+        .collect()
+}
+
+#[test]
+fn a_renumbered_queue_keeps_its_order_across_opens() {
+    let dir = tempdir();
+    let clock = FakeClock::new(T0);
+    let want = {
+        let s = open(dir.path(), &clock);
+        let first = add(&s, "main", "first", Placement::Last);
+        add(&s, "main", "last", Placement::Last);
+        add(&s, "other", "x", Placement::Last);
+        // Each one right behind `first` halves the gap: 32 of them leave
+        // no integer between, and the queue is renumbered.
+        for i in 0..70 {
+            add(&s, "main", &format!("n{i}"), Placement::After(first));
+        }
+        let q = queues(&s);
+        assert_eq!(q["main"].len(), 72);
+        assert_eq!(q["main"][0], first);
+        assert_log_agrees(&s);
+        q
+    };
+    let s = open(dir.path(), &clock);
+    assert!(s.corrupt_records().is_empty(), "{:?}", s.corrupt_records());
+    assert_eq!(queues(&s), want);
+    assert_log_agrees(&s);
+}
+
+/// Rewrites a format-7 data dir as a format-6 build left it: each live
+/// task's position in a `q` key and its record alone (for the tasks
+/// `unfold` picks; the others as a fold of the new build left them), the
+/// last commit record's key writes in format 6's form (with `q` keys if
+/// `places`: a format-6 record has them only where the order changed), and
+/// `mformat` = `format`. Returns how many `q` keys the dir has.
+fn make_format_6(dir: &Path, unfold: impl Fn(u64) -> bool, places: bool, format: u64) -> usize {
+    let db = sled::open(dir.join("db")).expect("sled");
+    let as_6 = |k: &[u8], v: &[u8]| -> Vec<KeyWrite> {
+        let id = keys::parse_id_key(k).expect("a task key");
+        let mut out = vec![KeyWrite {
+            key: k.to_vec(),
+            value: Some(stored::split(v).record.to_vec()),
+        }];
+        if let Some((q, pos)) = stored::position(v).expect("position") {
+            out.push(KeyWrite {
+                key: keys::queue_key(&q, pos),
+                value: Some(codec::encode(&id)),
+            });
+        }
+        out
+    };
+    for item in db.scan_prefix([keys::TASK]) {
+        let (k, v) = item.unwrap();
+        if !unfold(keys::parse_id_key(&k).unwrap()) {
+            continue;
+        }
+        for w in as_6(&k, &v) {
+            db.insert(w.key, w.value.unwrap()).unwrap();
+        }
+    }
+    let (last_key, last) = db.scan_prefix([keys::EVENT]).next_back().unwrap().unwrap();
+    assert_eq!(last_key.len(), 9, "a whole record");
+    let mut rec: CommitRecord = codec::decode(&last).unwrap();
+    let mut writes = Vec::new();
+    let mut positioned = 0;
+    for w in rec.writes {
+        match &w.value {
+            Some(v) if w.key[0] == keys::TASK => {
+                let mut six = as_6(&w.key, v);
+                positioned += six.len() - 1;
+                if !places {
+                    six.truncate(1);
+                }
+                writes.extend(six);
+            }
+            _ => writes.push(w),
+        }
+    }
+    assert!(positioned > 0, "the last record places a task");
+    rec.writes = writes;
+    db.insert(&last_key, codec::encode(&rec)).unwrap();
+    db.insert(keys::META_FORMAT, codec::encode(&format))
+        .unwrap();
+    db.flush().unwrap();
+    db.scan_prefix([keys::QUEUE]).count()
+}
+
+fn read_only(dir: &Path, clock: &FakeClock) -> Store {
+    let opts = Options {
+        read_only: true,
+        ..Options::default()
+    };
+    Store::open(dir, opts, Arc::new(clock.clone())).expect("open to read")
+}
+
+/// The dir's format and how many `q` keys it has. (Opened with sled
+/// directly: only after a store, not right after another such open, whose
+/// lock sled may still hold.)
+fn inspect(dir: &Path) -> (u64, usize) {
+    let db = sled::open(dir.join("db")).expect("sled");
+    let format = codec::decode(&db.get(keys::META_FORMAT).unwrap().unwrap()).unwrap();
+    (format, db.scan_prefix([keys::QUEUE]).count())
+}
+
+#[test]
+fn a_format_6_dir_is_folded_at_open_and_stays_so() {
+    // All of it, or half (what a crash between two of the fold's batches
+    // leaves: some positions folded, the others still in `q` keys).
+    for half in [false, true] {
+        let dir = tempdir();
+        let clock = FakeClock::new(T0);
+        let (want, group_child) = {
+            let s = open(dir.path(), &clock);
+            let mut ids = Vec::new();
+            for i in 0..6 {
+                ids.push(add(&s, "main", &format!("m{i}"), Placement::Last));
+            }
+            add(&s, "other", "o", Placement::First);
+            // A group: its children wait in no queue.
+            let specs: Vec<TaskSpec> = (0..3)
+                .map(|i| TaskSpec {
+                    weight: Some(1),
+                    ..spec("main", &format!("c{i}"))
+                })
+                .collect();
+            let parent = submit::enqueue_batch(&s, specs).unwrap()[0];
+            let child = s.task(parent).unwrap().unwrap().children[0];
+            let mut w = s.write();
+            w.start(ids[0]).unwrap();
+            w.commit().unwrap();
+            add(&s, "main", "front", Placement::Before(ids[1]));
+            (queues(&s), child)
+        };
+        assert!(make_format_6(dir.path(), |id| !half || id % 2 == 0, true, 6) > 0);
+        // Reading leaves the dir as it is, and sees the same queues.
+        {
+            let s = read_only(dir.path(), &clock);
+            assert_eq!(queues(&s), want, "half: {half}");
+            assert!(s.corrupt_records().is_empty(), "{:?}", s.corrupt_records());
+        }
+        let (format, q) = inspect(dir.path());
+        assert_eq!(format, 6);
+        assert!(q > 0);
+        {
+            let s = open(dir.path(), &clock);
+            assert!(s.corrupt_records().is_empty(), "{:?}", s.corrupt_records());
+            // The running task was put back to wait: still the head.
+            assert_eq!(queues(&s), want, "half: {half}");
+            assert!(s.task(group_child).unwrap().is_some());
+            assert_log_agrees(&s);
+        }
+        assert_eq!(
+            inspect(dir.path()),
+            (keys::STORE_FORMAT, 0),
+            "every position folded"
+        );
+        // Opened again: the recovery's commit (a `failed` event: the order
+        // does not change) is the last record now. Made a format-6 one (as
+        // if no commit had followed the fold), it is re-applied at every
+        // open, and writes its task's record alone: the task keeps the
+        // position the fold gave it.
+        assert_eq!(
+            make_format_6(dir.path(), |_| false, false, keys::STORE_FORMAT),
+            0
+        );
+        for _ in 0..2 {
+            let s = open(dir.path(), &clock);
+            assert!(s.corrupt_records().is_empty(), "{:?}", s.corrupt_records());
+            assert_eq!(queues(&s), want, "half: {half}");
+            assert_log_agrees(&s);
+        }
+        assert_eq!(inspect(dir.path()), (keys::STORE_FORMAT, 0));
+    }
+}
+
+/// A `q` key that names a task that is not live, or gives a task a second
+/// position, is reported as corrupt and left as it is; the task keeps the
+/// position its own record holds.
+#[test]
+fn a_queue_key_that_cannot_be_folded_is_reported() {
+    let dir = tempdir();
+    let clock = FakeClock::new(T0);
+    let (a, b) = {
+        let s = open(dir.path(), &clock);
+        (
+            add(&s, "main", "a", Placement::Last),
+            add(&s, "main", "b", Placement::Last),
+        )
+    };
+    let (stray, second) = (keys::queue_key("main", 99), keys::queue_key("main", -99));
+    {
+        let db = sled::open(dir.path().join("db")).unwrap();
+        db.insert(&stray, codec::encode(&12345u64)).unwrap();
+        db.insert(&second, codec::encode(&b)).unwrap();
+        db.flush().unwrap();
+    }
+    let s = open(dir.path(), &clock);
+    let reasons: Vec<String> = s
+        .corrupt_records()
+        .iter()
+        .map(|c| format!("{}: {}", c.key, c.reason))
+        .collect();
+    assert_eq!(reasons.len(), 2, "{reasons:?}");
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.starts_with("q/main/99") && r.contains("not live")),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.starts_with("q/main/-99") && r.contains("more than one")),
+        "{reasons:?}"
+    );
+    assert_eq!(s.queue_ids("main"), vec![a, b]);
+    drop(s);
+    assert_eq!(inspect(dir.path()).1, 2, "left as they are");
+}
