@@ -178,6 +178,14 @@ pub fn run(want: &dyn Fn(&str) -> bool) {
 
     let window = WINDOW_BATCHES.min(batches.len() / 10).max(1);
     let rate = |b: &[f64]| (b.len() * BATCH) as f64 / b.iter().sum::<f64>();
+    eprintln!(
+        "scale: tasks/s by window of {} batches: {:?}",
+        window,
+        batches
+            .chunks(window)
+            .map(|w| rate(w).round() as u64)
+            .collect::<Vec<_>>()
+    );
     let first = rate(&batches[..window]);
     let last = rate(&batches[batches.len() - window..]);
     if want("enqueue_batch_1m_first_100k") {
