@@ -255,3 +255,55 @@ fn a_queue_key_that_cannot_be_folded_is_reported() {
     drop(s);
     assert_eq!(inspect(dir.path()).1, 2, "left as they are");
 }
+
+/// A renumber rewrites every task of the queue; when one of their records
+/// is damaged (its position still reads, so it holds its place), the
+/// enqueue that needed the renumber is refused, naming the record, and the
+/// order is as it was.
+#[test]
+fn a_renumber_over_a_damaged_record_is_refused_whole() {
+    let dir = tempdir();
+    let clock = FakeClock::new(T0);
+    let (first, bad, last) = {
+        let s = open(dir.path(), &clock);
+        let ids = (
+            add(&s, "main", "first", Placement::Last),
+            add(&s, "main", "bad", Placement::Last),
+            add(&s, "main", "last", Placement::Last),
+        );
+        // A later commit, so that bad's is not the record re-applied at open.
+        add(&s, "other", "x", Placement::Last);
+        ids
+    };
+    {
+        let db = sled::open(dir.path().join("db")).unwrap();
+        let key = keys::id_key(keys::TASK, bad);
+        let mut v = db.get(key).unwrap().unwrap().to_vec();
+        let parts = stored::split(&v);
+        let at = v.len() - parts.record.len() / 2;
+        v[at] ^= 0x40;
+        db.insert(key, v).unwrap();
+        db.flush().unwrap();
+    }
+    let s = open(dir.path(), &clock);
+    let key = format!("t/{bad}");
+    assert!(s.corrupt_records().iter().any(|c| c.key == key));
+    assert_eq!(s.queue_ids("main"), vec![first, bad, last]);
+    let mut refused = None;
+    for i in 0..40 {
+        let before = s.queue_ids("main");
+        match submit::enqueue_one(&s, spec("main", &format!("n{i}")), Placement::After(first)) {
+            Ok(_) => continue,
+            Err(e) => {
+                assert_eq!(s.queue_ids("main"), before, "the order is as it was");
+                refused = Some(e.to_string());
+                break;
+            }
+        }
+    }
+    let e = refused.expect("a renumber was needed within 40 enqueues");
+    assert!(e.contains(&key) && e.contains("corrupt"), "{e}");
+    // What needs no renumber still goes.
+    let n = add(&s, "main", "tail", Placement::Last);
+    assert_eq!(s.queue_ids("main").last(), Some(&n));
+}

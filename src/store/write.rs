@@ -381,13 +381,15 @@ impl<'s> WriteTxn<'s> {
 
     /// Gives `id` a position in `queue` (its record, written by the event
     /// that placed it, holds it). Should the queue be renumbered, every
-    /// other task in it moved: their records are written again too.
+    /// other task in it moved: their records are written again too. If one
+    /// cannot be read, the placement is taken back and the error returned.
     fn place_in_order(
         &mut self,
         queue: &str,
         id: u64,
         placement: Placement,
     ) -> Result<(), WriteError> {
+        let undone = self.undo.len();
         let undo = &mut self.undo;
         let moved = self
             .inner
@@ -396,7 +398,11 @@ impl<'s> WriteTxn<'s> {
             .order
             .place(queue, id, placement, undo)?;
         for other in moved {
-            self.slot(other)?.dirty = true;
+            if let Err(e) = self.slot(other).map(|s| s.dirty = true) {
+                let tail = self.undo.split_off(undone);
+                self.inner().order.rollback(tail);
+                return Err(e);
+            }
         }
         Ok(())
     }
