@@ -183,7 +183,14 @@ fn base() -> config::Configuration {
 
 /// Frames a value as a record (of [`FORMAT_VERSION`]).
 pub fn encode<T: Encode>(value: &T) -> Vec<u8> {
-    match encode_as(value, FORMAT_VERSION) {
+    encode_sized(value, 256)
+}
+
+/// [`encode`] into a buffer of `capacity` bytes to begin with: a large
+/// record whose size is about known (a batch's commit record) is then
+/// written without growing its buffer step by step, each step fresh pages.
+pub fn encode_sized<T: Encode>(value: &T, capacity: usize) -> Vec<u8> {
+    match encode_into(value, FORMAT_VERSION, capacity) {
         Ok(out) => out,
         Err(e) => {
             // Encoding at the current version into a Vec only fails for
@@ -199,10 +206,14 @@ pub fn encode<T: Encode>(value: &T) -> Vec<u8> {
 /// with a TTL at version 1, is refused). Used to check that a record
 /// re-encodes to its own bytes.
 pub fn encode_as<T: Encode>(value: &T, version: u8) -> Result<Vec<u8>, CodecError> {
+    encode_into(value, version, 256)
+}
+
+fn encode_into<T: Encode>(value: &T, version: u8, capacity: usize) -> Result<Vec<u8>, CodecError> {
     if !(OLDEST_VERSION..=FORMAT_VERSION).contains(&version) {
         return Err(CodecError::Version(version));
     }
-    let mut out = Vec::with_capacity(256);
+    let mut out = Vec::with_capacity(capacity.clamp(256, MAX_RECORD_BYTES));
     out.push(version);
     let _at = EncodingAt::set(version);
     bincode::encode_into_std_write(value, &mut out, base())

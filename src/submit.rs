@@ -123,6 +123,7 @@ pub fn stage_batch(
         s.validate()
             .map_err(|e| EnqueueError::from_build(Some(Entry::at(i, n)), e.into()))?;
     }
+    w.reserve(n);
     let plan = groups::plan_indices(&specs);
     let mut slots: Vec<Option<TaskSpec>> = specs.into_iter().map(Some).collect();
     let mut take = |i: usize| slots[i].take().expect("each index planned once");

@@ -788,6 +788,13 @@ impl<'s> WriteTxn<'s> {
         Ok(ids)
     }
 
+    /// Makes room for the events and order changes of `tasks` more tasks
+    /// (a batch enqueue), so that they are not grown step by step.
+    pub fn reserve(&mut self, tasks: usize) {
+        self.events.reserve(tasks);
+        self.undo.reserve(tasks);
+    }
+
     /// Number of events staged.
     pub fn len(&self) -> usize {
         self.events.len()
@@ -909,7 +916,16 @@ impl<'s> WriteTxn<'s> {
             writes,
             events: std::mem::take(&mut self.events),
         };
-        let bytes = codec::encode(&record);
+        // The record carries the key writes and, in its events, about as
+        // much again (an enqueue's task is in both).
+        let estimate: usize = record
+            .writes
+            .iter()
+            .map(|w| w.key.len() + w.value.as_ref().map_or(0, Vec::len) + 4)
+            .sum::<usize>()
+            * 2
+            + 64 * record.events.len();
+        let bytes = codec::encode_sized(&record, estimate);
         if bytes.len() > codec::MAX_RECORD_BYTES {
             return Err(WriteError::Budget(crate::budget::BudgetError::TooLarge {
                 what: "transaction",
