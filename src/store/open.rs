@@ -610,7 +610,11 @@ const FOLD_BATCH: usize = 10_000;
 /// position (a format-6 record re-applied) just goes. One that is malformed,
 /// names a task that is not live, or gives a task a second position is a
 /// corrupt record, and stays. Returns how many were folded.
-fn fold_queue_keys(o: &Opening<'_>, corrupt: &mut Vec<CorruptRecord>) -> Result<usize, OpenError> {
+fn fold_queue_keys(
+    o: &Opening<'_>,
+    read_only: bool,
+    corrupt: &mut Vec<CorruptRecord>,
+) -> Result<usize, OpenError> {
     let mut folded = 0;
     let mut seen = std::collections::HashSet::new();
     let mut batch = sled::Batch::default();
@@ -663,7 +667,7 @@ fn fold_queue_keys(o: &Opening<'_>, corrupt: &mut Vec<CorruptRecord>) -> Result<
     if in_batch > 0 {
         o.tree.apply_batch(batch).map_err(|e| o.db(e))?;
     }
-    if folded > 0 {
+    if folded > 0 && !read_only {
         log::info!(
             "{}: {folded} queue position(s) of store format 6 moved into their tasks' records",
             o.dir.display()
@@ -878,7 +882,8 @@ impl Store {
             let mut corrupt = Vec::new();
             replay_wal(&o, &db)?;
             let replayed = reapply(&o, format, &mut corrupt)?;
-            fold_queue_keys(&o, &mut corrupt)?;
+            // To read, in the private copy: the data dir stays as it is.
+            fold_queue_keys(&o, opts.read_only, &mut corrupt)?;
             // To write: sled now holds every commit; the log starts empty.
             let wal = match opts.read_only {
                 true => None,
