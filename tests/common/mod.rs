@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod daemon;
+pub mod format6;
 pub mod lazyfs;
 pub mod producer;
 pub mod tmpfs;
