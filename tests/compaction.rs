@@ -11,10 +11,10 @@ use std::process::Command;
 
 use berth::clock::FakeClock;
 use berth::store::counters::{ENQUEUED, MERGED};
-use berth::store::{Placement, Store, verify};
+use berth::store::{Placement, Store};
 use berth::task::{Status, TaskSpec};
 use common::daemon::{Daemon, write_root};
-use common::{T0, stderr, stdout, tempdir, wait_for};
+use common::{T0, assert_log_agrees, stderr, stdout, tempdir, wait_for};
 use serde_json::json;
 
 fn keyed(queue: &str, kind: &str, name: &str, key: Option<&str>, v: i64) -> TaskSpec {
@@ -40,10 +40,6 @@ fn count(store: &Store, kind: &str, name: &str) -> u64 {
         .get(kind)
         .and_then(|c| c.values.get(name).copied())
         .unwrap_or(0)
-}
-
-fn assert_log_agrees(store: &Store) {
-    assert_eq!(verify::verify(store).unwrap(), Vec::<String>::new());
 }
 
 #[test]

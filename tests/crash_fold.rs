@@ -8,19 +8,14 @@ mod common;
 use std::path::Path;
 use std::process::Stdio;
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use berth::clock::FakeClock;
-use berth::store::{Options, Placement, Store, keys, verify};
+use berth::store::{Options, Placement, Store, keys};
 use berth::submit;
 use berth::task::TaskSpec;
 use common::format6::{inspect, make_format_6, queues};
-use common::{T0, open, spec, tempdir};
-
-fn assert_log_agrees(store: &Store) {
-    let diffs = verify::verify(store).expect("replay");
-    assert!(diffs.is_empty(), "log and state disagree: {diffs:#?}");
-}
+use common::{T0, assert_log_agrees, open, spec, tempdir};
 
 const FOLD_DIR_VAR: &str = "BERTH_FOLD_CHILD_DIR";
 
@@ -54,20 +49,11 @@ fn open_and_kill(dir: &Path, delay: Duration) -> bool {
     let stdout = child.stdout.take().expect("piped stdout");
     let reader = std::thread::spawn(move || common::forward_lines(stdout, tx));
     let stderr = common::read_in_background(child.stderr.take().expect("piped stderr"));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(line) if line == "OPENING" => break,
-            Ok(_) => {}
-            Err(e) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "the child never began to open ({e:?}); stderr:\n{}",
-                    stderr.join().unwrap_or_default()
-                );
-            }
-        }
+    if let Err(e) = common::wait_for_line(&mut child, &rx, |l| l == "OPENING") {
+        panic!(
+            "the child never began to open ({e}); stderr:\n{}",
+            stderr.join().unwrap_or_default()
+        );
     }
     std::thread::sleep(delay);
     let _ = child.kill();

@@ -18,7 +18,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use berth::engine::{Engine, EngineConfig, Handlers, Outcome, PLACE_PER_STEP, TaskContext};
 use berth::store::{EventKind, Options, Store, verify};
@@ -80,20 +80,11 @@ fn run_and_kill(dir: &Path, delay: Duration) {
     let stdout = child.stdout.take().expect("piped stdout");
     let reader = std::thread::spawn(move || common::forward_lines(stdout, tx));
     let stderr = common::read_in_background(child.stderr.take().expect("piped stderr"));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(line) if line.starts_with("RUN ") => break,
-            Ok(_) => {}
-            Err(e) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "no child task started ({e:?}); stderr:\n{}",
-                    stderr.join().unwrap_or_default()
-                );
-            }
-        }
+    if let Err(e) = common::wait_for_line(&mut child, &rx, |l| l.starts_with("RUN ")) {
+        panic!(
+            "no child task started ({e}); stderr:\n{}",
+            stderr.join().unwrap_or_default()
+        );
     }
     std::thread::sleep(delay);
     child.kill().expect("killing the child");

@@ -13,9 +13,9 @@ use berth::engine::{
     Engine, EngineConfig, FollowUpAt, Handler, Handlers, Outcome, RunResult, TaskContext,
 };
 use berth::report::render_text;
-use berth::store::{Options, Placement, Store, verify};
+use berth::store::{Options, Placement, Store};
 use berth::task::{Status, TaskSpec};
-use common::{T0, spec, tempdir, wait_for};
+use common::{T0, assert_log_agrees, spec, tempdir, wait_for};
 
 /// Fields drop in declaration order: the store (which writes its last
 /// pending changes when dropped) must go before its directory is deleted.
@@ -93,10 +93,6 @@ impl Drop for Release {
         self.1.stop();
         self.0.open();
     }
-}
-
-fn assert_log_agrees(store: &Store) {
-    assert_eq!(verify::verify(store).unwrap(), Vec::<String>::new());
 }
 
 #[test]

@@ -12,19 +12,14 @@ use std::sync::Arc;
 
 use berth::clock::FakeClock;
 use berth::codec;
-use berth::store::{Options, Placement, Store, keys, stored, verify};
+use berth::store::{Options, Placement, Store, keys, stored};
 use berth::submit;
 use berth::task::TaskSpec;
 use common::format6::{inspect, make_format_6, queues};
-use common::{T0, open, spec, tempdir};
+use common::{T0, assert_log_agrees, open, spec, tempdir};
 
 fn add(store: &Store, queue: &str, name: &str, p: Placement) -> u64 {
     submit::enqueue_one(store, spec(queue, name), p).expect("enqueue")
-}
-
-fn assert_log_agrees(store: &Store) {
-    let diffs = verify::verify(store).expect("replay");
-    assert!(diffs.is_empty(), "log and state disagree: {diffs:#?}");
 }
 
 #[test]

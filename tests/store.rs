@@ -10,7 +10,7 @@ use berth::store::{
 };
 use berth::submit;
 use berth::task::Status;
-use common::{T0, open, spec, tempdir};
+use common::{T0, assert_log_agrees, open, spec, tempdir};
 
 fn add(store: &Store, queue: &str, name: &str, p: Placement) -> u64 {
     submit::enqueue_one(store, spec(queue, name), p).expect("enqueue")
@@ -31,11 +31,6 @@ fn log_of(w: &mut berth::store::WriteTxn<'_>, id: u64, outcome: AttemptOutcome) 
         stdout: OutputTail::new(out.len() as u64, out.as_bytes(), &b),
         stderr: OutputTail::new(3, b"err", &b),
     }
-}
-
-fn assert_log_agrees(store: &Store) {
-    let diffs = verify::verify(store).expect("replay");
-    assert!(diffs.is_empty(), "log and state disagree: {diffs:#?}");
 }
 
 #[test]

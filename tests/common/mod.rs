@@ -25,6 +25,12 @@ pub fn tempdir() -> tempfile::TempDir {
         .expect("tempdir")
 }
 
+/// The store's whole log, replayed, agrees with its state (`berth verify`).
+pub fn assert_log_agrees(store: &Store) {
+    let diffs = berth::store::verify::verify(store).expect("replaying the log");
+    assert!(diffs.is_empty(), "log and state disagree: {diffs:#?}");
+}
+
 /// Opens `dir` on a fake clock.
 pub fn open(dir: &Path, clock: &FakeClock) -> Store {
     Store::open(dir, Options::default(), Arc::new(clock.clone())).expect("open store")
@@ -238,6 +244,29 @@ pub fn forward_lines(out: impl std::io::Read, tx: std::sync::mpsc::Sender<String
         };
         if tx.send(text.to_string()).is_err() {
             return;
+        }
+    }
+}
+
+/// Waits up to 60 s for a line from `lines` (a child's stdout, through
+/// [`forward_lines`]) for which `found` holds. If none comes, the child is
+/// killed and the error says why (its stdout ended, or the time ran out).
+pub fn wait_for_line(
+    child: &mut std::process::Child,
+    lines: &std::sync::mpsc::Receiver<String>,
+    found: impl Fn(&str) -> bool,
+) -> Result<(), String> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(line) if found(&line) => return Ok(()),
+            Ok(_) => {}
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("{e:?}"));
+            }
         }
     }
 }
