@@ -6,8 +6,6 @@
 mod common;
 
 use std::path::Path;
-use std::process::Stdio;
-use std::sync::mpsc;
 use std::time::Duration;
 
 use berth::clock::FakeClock;
@@ -40,37 +38,21 @@ fn fold_child() {
 /// Runs the child on `dir` and kills it `delay` after it said it opens.
 /// Returns whether it was killed (else it had finished).
 fn open_and_kill(dir: &Path, delay: Duration) -> bool {
-    let mut child = common::child_test("fold_child")
-        .env(FOLD_DIR_VAR, dir)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawning the child");
-    let (tx, rx) = mpsc::channel::<String>();
-    let stdout = child.stdout.take().expect("piped stdout");
-    let reader = std::thread::spawn(move || common::forward_lines(stdout, tx));
-    let stderr = common::read_in_background(child.stderr.take().expect("piped stderr"));
-    if let Err(e) = common::wait_for_line(&mut child, &rx, |l| l == "OPENING") {
-        panic!(
-            "the child never began to open ({e}); stderr:\n{}",
-            stderr.join().unwrap_or_default()
-        );
-    }
-    std::thread::sleep(delay);
-    let _ = child.kill();
-    let status = child.wait().expect("waiting for the child");
-    reader.join().expect("stdout reader");
+    let (status, stderr) = common::kill_after_line(
+        common::child_test("fold_child").env(FOLD_DIR_VAR, dir),
+        "OPENING line",
+        |l| l == "OPENING",
+        delay,
+    );
     use std::os::unix::process::ExitStatusExt;
-    match status.signal() {
-        Some(libc::SIGKILL) => true,
-        _ => {
-            assert!(
-                status.success(),
-                "the child failed ({status}); stderr:\n{}",
-                stderr.join().unwrap_or_default()
-            );
-            false
-        }
+    if status.signal() == Some(libc::SIGKILL) {
+        return true;
     }
+    assert!(
+        status.success(),
+        "the child failed ({status}); stderr:\n{stderr}"
+    );
+    false
 }
 
 /// A format-6 dir of 40,001 queued tasks (four batches of 10,000 in three

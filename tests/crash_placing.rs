@@ -15,9 +15,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
-use std::process::Stdio;
 use std::sync::Arc;
-use std::sync::mpsc;
 use std::time::Duration;
 
 use berth::engine::{Engine, EngineConfig, Handlers, Outcome, PLACE_PER_STEP, TaskContext};
@@ -71,31 +69,17 @@ fn crash_placing_child() {
 
 /// Runs the child until its first `RUN`, then kills it `delay` later.
 fn run_and_kill(dir: &Path, delay: Duration) {
-    let mut child = common::child_test(CHILD_TEST)
-        .env(DIR_VAR, dir)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawning the child");
-    let (tx, rx) = mpsc::channel::<String>();
-    let stdout = child.stdout.take().expect("piped stdout");
-    let reader = std::thread::spawn(move || common::forward_lines(stdout, tx));
-    let stderr = common::read_in_background(child.stderr.take().expect("piped stderr"));
-    if let Err(e) = common::wait_for_line(&mut child, &rx, |l| l.starts_with("RUN ")) {
-        panic!(
-            "no child task started ({e}); stderr:\n{}",
-            stderr.join().unwrap_or_default()
-        );
-    }
-    std::thread::sleep(delay);
-    child.kill().expect("killing the child");
-    let status = child.wait().expect("waiting for the child");
-    reader.join().expect("stdout reader");
+    let (status, stderr) = common::kill_after_line(
+        common::child_test(CHILD_TEST).env(DIR_VAR, dir),
+        "child task start",
+        |l| l.starts_with("RUN "),
+        delay,
+    );
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(
         status.signal(),
         Some(libc::SIGKILL),
-        "the child ended before it was killed ({status}); stderr:\n{}",
-        stderr.join().unwrap_or_default()
+        "the child ended before it was killed ({status}); stderr:\n{stderr}"
     );
 }
 

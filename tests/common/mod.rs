@@ -271,6 +271,37 @@ pub fn wait_for_line(
     }
 }
 
+/// Spawns `cmd` (a [`child_test`]: stdout piped) with its stderr piped,
+/// waits for a stdout line for which `found` holds (else panics, saying
+/// that no `what` came, with the child's stderr), lets it run `delay` more,
+/// kills it with SIGKILL and returns how it ended and its stderr.
+pub fn kill_after_line(
+    cmd: &mut Command,
+    what: &str,
+    found: impl Fn(&str) -> bool,
+    delay: std::time::Duration,
+) -> (std::process::ExitStatus, String) {
+    let mut child = cmd
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawning the child");
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let stdout = child.stdout.take().expect("piped stdout");
+    let reader = std::thread::spawn(move || forward_lines(stdout, tx));
+    let stderr = read_in_background(child.stderr.take().expect("piped stderr"));
+    if let Err(e) = wait_for_line(&mut child, &rx, found) {
+        panic!(
+            "no {what} came from the child ({e}); stderr:\n{}",
+            stderr.join().unwrap_or_default()
+        );
+    }
+    std::thread::sleep(delay);
+    let _ = child.kill();
+    let status = child.wait().expect("waiting for the child");
+    reader.join().expect("stdout reader");
+    (status, stderr.join().unwrap_or_default())
+}
+
 /// Reads all a child process prints on `out` (its stderr, say) on a thread
 /// of its own; join it for the text.
 pub fn read_in_background(
