@@ -28,6 +28,7 @@ pub mod routing;
 pub mod store;
 pub mod submit;
 pub mod task;
+pub mod threads;
 pub mod timeline;
 pub mod transfer;
 pub mod ttl;

@@ -490,9 +490,7 @@ impl Engine {
                 // queues released together finish and start again in one
                 // flush instead of alternating between two.
                 self.commits.coming(l.jobs.len());
-                for j in l.jobs {
-                    self.pool.submit(j);
-                }
+                self.pool.submit_all(l.jobs);
             }
             Err(e) => {
                 log::error!(
@@ -542,11 +540,14 @@ impl Engine {
             let launcher = std::thread::Builder::new()
                 .name("berth-launcher".into())
                 .spawn_scoped(scope, move || {
+                    crate::threads::short_slice("the launcher");
                     for l in to_launch {
                         self.launch(l);
                     }
                 })
                 .map_err(|e| WriteError::Failed(format!("starting the launcher thread: {e}")))?;
+            // The loop runs on the caller's thread, which keeps the slice.
+            crate::threads::short_slice("the engine's loop");
             let r = self.steps(&mut sched, until_idle, &launches);
             drop(launches);
             // Every launch already sent is handed out before the loop ends.

@@ -72,6 +72,28 @@ impl Pool {
         self.shared.wake.notify_one();
     }
 
+    /// Queues several jobs, then wakes as many parked workers. Pushing
+    /// them all before the first wake-up keeps the submitter from being
+    /// preempted by each worker it wakes (on two cores a woken worker
+    /// often runs at once, before the next job is queued).
+    pub fn submit_all(&self, jobs: Vec<Job>) {
+        let n = jobs.len();
+        for job in jobs {
+            self.shared.injector.push(job);
+        }
+        if n == 0 {
+            return;
+        }
+        let _guard = self.shared.sleep.lock().unwrap_or_else(|p| p.into_inner());
+        if n >= self.threads.len() {
+            self.shared.wake.notify_all();
+        } else {
+            for _ in 0..n {
+                self.shared.wake.notify_one();
+            }
+        }
+    }
+
     /// Workers running a job now.
     pub fn busy(&self) -> usize {
         self.shared.busy.load(Ordering::SeqCst)
@@ -141,6 +163,39 @@ mod tests {
         ids.sort();
         assert_eq!(ids, (0..200).collect::<Vec<_>>());
         assert!(got.iter().all(|(_, n)| n.starts_with("test-")));
+    }
+
+    #[test]
+    fn submit_all_runs_every_job_and_wakes_enough_workers() {
+        let pool = Pool::new(4, "all").unwrap();
+        // Fewer jobs than workers, then more: every job runs once.
+        for n in [3usize, 50] {
+            let (tx, rx) = mpsc::channel();
+            let jobs: Vec<Job> = (0..n)
+                .map(|i| {
+                    let tx = tx.clone();
+                    Box::new(move || tx.send(i).unwrap()) as Job
+                })
+                .collect();
+            pool.submit_all(jobs);
+            drop(tx);
+            let mut got: Vec<usize> = rx.iter().collect();
+            got.sort();
+            assert_eq!(got, (0..n).collect::<Vec<_>>());
+        }
+        // Four jobs that each wait for the others: they only finish if
+        // `submit_all` woke four workers.
+        let barrier = Arc::new(std::sync::Barrier::new(5));
+        let jobs: Vec<Job> = (0..4)
+            .map(|_| {
+                let b = barrier.clone();
+                Box::new(move || {
+                    b.wait();
+                }) as Job
+            })
+            .collect();
+        pool.submit_all(jobs);
+        barrier.wait();
     }
 
     #[test]

@@ -426,26 +426,9 @@ impl Helper {
 /// [`MAX_PENDING`] keys are pending, and then the cores are its own.
 const APPLIER_NICE: libc::c_int = 19;
 
-/// Gives the calling thread (the applier) [`APPLIER_NICE`]. Linux sets a
-/// nice value per thread; elsewhere, or if it is refused, nothing changes.
+/// Gives the calling thread (the applier) [`APPLIER_NICE`].
 fn lower_priority() {
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: plain system calls on the calling thread's own id.
-        let r = unsafe {
-            libc::setpriority(
-                libc::PRIO_PROCESS,
-                libc::gettid() as libc::id_t,
-                APPLIER_NICE,
-            )
-        };
-        if r != 0 {
-            log::debug!(
-                "the applier keeps its priority: {}",
-                std::io::Error::last_os_error()
-            );
-        }
-    }
+    crate::threads::set_nice(APPLIER_NICE, "the applier");
 }
 
 /// berth's sled trees: the default one, and [`keys::COUNTERS_TREE`] for
