@@ -10,6 +10,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use clap::{CommandFactory, FromArgMatches, parser::ValueSource};
 
 fn main() {
+    // Before anything allocates much (see `berth::alloc`).
+    berth::alloc::no_huge_pages();
     // First, while no other thread exists (see notify::take_env).
     cli::notify::take_env();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))

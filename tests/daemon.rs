@@ -162,6 +162,12 @@ fn the_socket_is_private_and_survives_bad_requests() {
     assert_eq!(enqueue(&d.dir, "ok"), 1);
     let o = berth(&d.dir, &["queue", "list", "-o", "json"]);
     assert!(o.status.success());
+    // The daemon runs without transparent huge pages (`berth::alloc`).
+    let status = std::fs::read_to_string(format!("/proc/{}/status", d.child.id())).unwrap();
+    match status.lines().find(|l| l.starts_with("THP_enabled:")) {
+        Some(line) => assert!(line.ends_with('0'), "{line}"),
+        None => eprintln!("skipped the huge pages check: no THP_enabled in /proc status"),
+    }
 }
 
 #[test]
