@@ -214,13 +214,37 @@ fn encode_into<T: Encode>(value: &T, version: u8, capacity: usize) -> Result<Vec
         return Err(CodecError::Version(version));
     }
     let mut out = Vec::with_capacity(capacity.clamp(256, MAX_RECORD_BYTES));
+    frame_into(value, version, &mut out)?;
+    Ok(out)
+}
+
+/// Appends `value` framed as a record (version byte, body, CRC-32 of both)
+/// to `out`, after what it holds.
+fn frame_into<T: Encode>(value: &T, version: u8, out: &mut Vec<u8>) -> Result<(), CodecError> {
+    let start = out.len();
     out.push(version);
     let _at = EncodingAt::set(version);
-    bincode::encode_into_std_write(value, &mut out, base())
+    bincode::encode_into_std_write(value, out, base())
         .map_err(|e| CodecError::Body(e.to_string()))?;
-    let crc = crc32fast::hash(&out);
+    let crc = crc32fast::hash(&out[start..]);
     out.extend_from_slice(&crc.to_le_bytes());
-    Ok(out)
+    Ok(())
+}
+
+/// [`encode`] appended to `out`: the bytes after its old length are the
+/// same as `encode(value)` (so several records can share one buffer).
+/// Returns how many bytes it appended (none if encoding failed, as
+/// [`encode`] returns none).
+pub fn encode_append<T: Encode>(value: &T, out: &mut Vec<u8>) -> usize {
+    let start = out.len();
+    match frame_into(value, FORMAT_VERSION, out) {
+        Ok(()) => out.len() - start,
+        Err(e) => {
+            log::error!("codec: encoding failed: {e}");
+            out.truncate(start);
+            0
+        }
+    }
 }
 
 /// The version byte of a record, if it has one this build reads (the
@@ -328,6 +352,17 @@ mod tests {
         t.id = 7;
         t.children = vec![8, 9].into();
         t
+    }
+
+    #[test]
+    fn a_record_appended_to_a_buffer_is_the_record_encoded_alone() {
+        let t = sample();
+        let mut out = b"before".to_vec();
+        let n = encode_append(&t, &mut out);
+        assert_eq!(&out[..6], b"before");
+        assert_eq!(n, out.len() - 6);
+        assert_eq!(&out[6..], &encode(&t)[..]);
+        assert_eq!(decode::<crate::task::Task>(&out[6..]), Ok(t));
     }
 
     #[test]
