@@ -516,7 +516,9 @@ impl Engine {
         }
     }
 
-    /// Runs until every queue is empty and nothing runs.
+    /// Runs until every queue is empty and nothing runs. The loop runs on
+    /// the calling thread, which keeps the short time slice the loop asks
+    /// for (`threads::short_slice`), as does [`Engine::run`]'s.
     pub fn run_until_idle(&self) -> Result<RunSummary, WriteError> {
         self.run_loop(true)
     }
