@@ -224,6 +224,40 @@ fn e2e_noop_sync() {
     figure("e2e_noop_sync_flushing_share", flush_time / run, "x");
 }
 
+/// Writes one 4 KiB block `n` times at an offset already written and
+/// synced, each followed by an `fdatasync`, in a file in the bench's temp
+/// dir: the cheapest durable write this disk offers (no file size or
+/// extent to journal). Returns the median latency in microseconds.
+fn disk_fdatasync_us(n: usize) -> f64 {
+    use std::os::unix::fs::FileExt;
+    let dir = data_dir();
+    let file = std::fs::File::create(dir.path().join("floor")).expect("creating the floor file");
+    let block = vec![0x5a_u8; 4096];
+    file.write_all_at(&vec![0; 1 << 20], 0).expect("writing");
+    file.sync_all().expect("fsync");
+    let mut took: Vec<f64> = (0..n)
+        .map(|i| {
+            let t = Instant::now();
+            file.write_all_at(&block, (i % 256) as u64 * 4096)
+                .expect("writing");
+            file.sync_data().expect("fdatasync");
+            t.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    took.sort_by(f64::total_cmp);
+    took[n / 2]
+}
+
+/// The yardstick for `e2e_noop_sync`: a queue runs its head alone and
+/// starts the next one only once that start is durable, so each queue
+/// advances at most one task per flush. With the disk's cheapest flush and
+/// nothing else, 10 queues run at most 10 / that flush's latency.
+fn e2e_floor() {
+    let us = disk_fdatasync_us(2_000);
+    figure("disk_fdatasync_us", us, "us");
+    figure("e2e_noop_sync_disk_ceiling", QUEUES as f64 * 1e6 / us, "tasks/s");
+}
+
 fn noop_handlers() -> Handlers {
     let mut h = Handlers::new();
     h.register("Noop", |_ctx: &TaskContext| Outcome::success());
@@ -363,6 +397,9 @@ fn main() {
     }
     if want("e2e_noop_sync") {
         e2e_noop_sync();
+    }
+    if want("disk_fdatasync_us") || want("e2e_noop_sync_disk_ceiling") {
+        e2e_floor();
     }
     // The ratio prints when both sides ran (`-- 10000` selects both).
     let (mut groups, mut singles) = (Vec::new(), Vec::new());
