@@ -255,7 +255,11 @@ fn disk_fdatasync_us(n: usize) -> f64 {
 fn e2e_floor() {
     let us = disk_fdatasync_us(2_000);
     figure("disk_fdatasync_us", us, "us");
-    figure("e2e_noop_sync_disk_ceiling", QUEUES as f64 * 1e6 / us, "tasks/s");
+    figure(
+        "e2e_noop_sync_disk_ceiling",
+        QUEUES as f64 * 1e6 / us,
+        "tasks/s",
+    );
 }
 
 fn noop_handlers() -> Handlers {

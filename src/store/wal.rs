@@ -13,10 +13,21 @@
 //! took two to three times one `fdatasync`.
 //!
 //! **Files.** `wal/SEQ.wal`, SEQ the first event number of its first frame
-//! (20 digits), mode 0600. A segment is never reused: a new one is created
-//! (header, space reserved with `fallocate` where the file system can,
-//! synced with its folder) when the current one passes [`SEGMENT_BYTES`].
-//! Reserved space reads as zeros, which end a segment's frames.
+//! (20 digits), mode 0600. A segment is never reused: a new one is begun
+//! (header, synced with its folder) when the current one passes
+//! [`SEGMENT_BYTES`]. Its space is reserved beforehand, and reads as
+//! zeros, which end a segment's frames:
+//!
+//! - **The spare.** Once a segment is begun, a background thread
+//!   (`berth-wal-spare`) writes the next one's [`SEGMENT_BYTES`] of zeros
+//!   into `wal/spare.tmp`, syncs it and renames it `wal/spare`; the next
+//!   segment is that file, renamed. A flush's `fdatasync` then writes over
+//!   blocks the file system already holds as written: measured here, 170-185
+//!   µs a flush against 255-265 with `fallocate`, whose blocks are reserved
+//!   but unwritten, so that each `fdatasync` also journals their
+//!   conversion. Neither file ends in `.wal`, so reading never sees them.
+//! - **Without a spare** (the first segment after an open, or the spare not
+//!   ready yet): `fallocate` where the file system can.
 //!
 //! **Layout.** Header: `BERTHWAL` and a version (u32 LE, 1) and 4 zero
 //! bytes. Frame: body length (u32 LE), CRC-32 of what follows the CRC
@@ -60,6 +71,10 @@ pub const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
 
 /// Pending frames are written (by the sled flusher) once they are this many bytes.
 pub const PENDING_MAX: u64 = 16 << 20;
+/// The next segment, zeroed and synced (see the module doc), and the file
+/// it is written in first.
+const SPARE: &str = "spare";
+const SPARE_TMP: &str = "spare.tmp";
 
 /// One commit record as the log holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,6 +94,8 @@ pub(crate) struct Wal {
     checkpoint_every: Duration,
     pending: Mutex<Pending>,
     writer: Mutex<Writer>,
+    /// The thread writing the spare, if one was started.
+    spare: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 #[derive(Debug, Default)]
@@ -124,6 +141,7 @@ impl Wal {
             checkpoint_every,
             pending: Mutex::default(),
             writer: Mutex::default(),
+            spare: Mutex::default(),
         })
     }
 
@@ -167,6 +185,7 @@ impl Wal {
             if let Some(old) = w.current.replace(next) {
                 w.closed.push(old);
             }
+            self.start_spare();
         }
         let Some(seg) = w.current.as_mut() else {
             return Err(io::Error::other("no write-ahead segment"));
@@ -214,7 +233,7 @@ impl Wal {
     }
 
     /// Deletes every segment (sled holds everything: at open, after the
-    /// replay and a flush of sled; at a clean close).
+    /// replay and a flush of sled; at a clean close), and the spare.
     pub fn clear(&self) -> io::Result<()> {
         let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         w.closed.clear();
@@ -224,8 +243,74 @@ impl Wal {
         for path in segment_paths(&self.dir)? {
             fs::remove_file(path)?;
         }
+        self.join_spare();
+        for name in [SPARE, SPARE_TMP] {
+            match fs::remove_file(self.dir.join(name)) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
         super::files::fsync_dir(&self.dir)
     }
+
+    /// Starts writing the next segment's spare in the background, unless it
+    /// is being written.
+    fn start_spare(&self) {
+        let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+        if spare.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        let dir = self.dir.clone();
+        let started = std::thread::Builder::new()
+            .name("berth-wal-spare".into())
+            .spawn(move || {
+                if let Err(e) = write_spare(&dir) {
+                    // The next segment is then reserved with `fallocate`.
+                    log::debug!("{}: no spare segment ({e})", dir.join(SPARE).display());
+                    let _ = fs::remove_file(dir.join(SPARE_TMP));
+                }
+            });
+        match started {
+            Ok(t) => *spare = Some(t),
+            Err(e) => log::debug!("no spare segment: starting its thread: {e}"),
+        }
+    }
+
+    /// Waits for the spare's thread, if one runs (a clean close does, in
+    /// [`Wal::clear`]; a store that failed never waits on its disk again,
+    /// and a spare it left half written is `spare.tmp`, which nothing reads
+    /// and the next `clear` removes).
+    fn join_spare(&self) {
+        let t = self.spare.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = t {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Whether `name`, in this log's folder, is the spare or its first file
+/// (zeros, never read: a copy of the folder leaves them out).
+pub(crate) fn is_spare(name: &std::ffi::OsStr) -> bool {
+    name == SPARE || name == SPARE_TMP
+}
+
+/// Writes the spare (see the module doc) unless there is one: zeros in
+/// `spare.tmp`, synced, then renamed `spare`.
+fn write_spare(dir: &Path) -> io::Result<()> {
+    if dir.join(SPARE).exists() {
+        return Ok(());
+    }
+    let tmp = dir.join(SPARE_TMP);
+    let file = super::files::open_private(&tmp)?;
+    file.set_len(0)?;
+    let zeros = vec![0u8; 1 << 20];
+    let mut at = 0;
+    while at < SEGMENT_BYTES {
+        file.write_all_at(&zeros, at)?;
+        at += zeros.len() as u64;
+    }
+    file.sync_all()?;
+    fs::rename(&tmp, dir.join(SPARE))
 }
 
 impl Segment {
@@ -233,18 +318,29 @@ impl Segment {
     /// `need` bytes of frames reserved, durable with its folder.
     fn create(dir: &Path, first_seq: u64, need: u64) -> io::Result<Segment> {
         let path = dir.join(format!("{first_seq:020}.wal"));
-        let file = super::files::create_private(&path)?;
+        let room = (HEADER as u64 + need).max(SEGMENT_BYTES);
+        // The spare when it holds the frames: its zeros are synced, so only
+        // the header and the folder are left to sync.
+        let spare =
+            room == SEGMENT_BYTES && !path.exists() && fs::rename(dir.join(SPARE), &path).is_ok();
+        let file = match spare {
+            true => super::files::open_private(&path)?,
+            false => super::files::create_private(&path)?,
+        };
         let mut header = [0u8; HEADER];
         header[..8].copy_from_slice(MAGIC);
         header[8..12].copy_from_slice(&VERSION.to_le_bytes());
         file.write_all_at(&header, 0)?;
-        // Best effort: a file system without `fallocate`, or one that is
-        // nearly full, still takes the frames as they come.
-        let room = (HEADER as u64 + need).max(SEGMENT_BYTES);
-        if let Err(e) = reserve(&file, room) {
-            log::debug!("{}: no space reserved ({e})", path.display());
+        if spare {
+            file.sync_data()?;
+        } else {
+            // Best effort: a file system without `fallocate`, or one that
+            // is nearly full, still takes the frames as they come.
+            if let Err(e) = reserve(&file, room) {
+                log::debug!("{}: no space reserved ({e})", path.display());
+            }
+            file.sync_all()?;
         }
-        file.sync_all()?;
         super::files::fsync_dir(dir)?;
         Ok(Segment {
             path,
@@ -501,6 +597,40 @@ mod tests {
         w.append(15, 16, &body(1, 3));
         w.flush().unwrap();
         assert_eq!(read(t.path()).unwrap().frames.len(), 1);
+    }
+
+    #[test]
+    fn the_next_segment_is_the_spare_written_beforehand() {
+        use std::os::unix::fs::MetadataExt;
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join(DIR);
+        let w = wal(t.path());
+        let big = body(7, (SEGMENT_BYTES / 2) as usize);
+        // The first segment: no spare yet, so `fallocate`; then the spare.
+        w.append(10, 11, &big);
+        w.flush().unwrap();
+        w.join_spare();
+        let spare = fs::metadata(dir.join(SPARE)).unwrap();
+        assert_eq!(spare.len(), SEGMENT_BYTES);
+        assert!(fs::read(dir.join(SPARE)).unwrap().iter().all(|b| *b == 0));
+        assert!(!dir.join(SPARE_TMP).exists());
+        // Frame 11 fills the first segment; frame 12 begins the spare.
+        w.append(11, 12, &big);
+        w.flush().unwrap();
+        w.append(12, 13, &body(8, 100));
+        w.flush().unwrap();
+        let second = dir.join("00000000000000000012.wal");
+        assert_eq!(fs::metadata(&second).unwrap().ino(), spare.ino());
+        assert_eq!(fs::metadata(&second).unwrap().len(), SEGMENT_BYTES);
+        // Read back whole, whatever spare is being written beside them.
+        let r = read(t.path()).unwrap();
+        assert_eq!((r.damage, r.torn), (None, None));
+        let seqs: Vec<_> = r.frames.iter().map(|f| f.first_seq).collect();
+        assert_eq!(seqs, [10, 11, 12]);
+        assert_eq!(r.frames[2].body, body(8, 100));
+        // A clean close leaves the folder empty: no segment, no spare.
+        w.clear().unwrap();
+        assert_eq!(fs::read_dir(&dir).unwrap().count(), 0);
     }
 
     fn only_segment(dir: &Path) -> PathBuf {
