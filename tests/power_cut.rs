@@ -152,7 +152,7 @@ fn a_store_held_open_survives_a_power_cut() {
         Ok(started) => started,
         Err(why) => {
             // LazyFS, not berth: on a fresh mount, a first open now and
-            // then (12 runs in 320 with the write-ahead log on, 1 in 134
+            // then (11 runs in 320 with the write-ahead log on, 1 in 134
             // without) fails with ENOENT creating a file in the folder the
             // same open has just made (a normal file system cannot do that).
             // Nothing was acknowledged, so nothing is at stake: once more,
