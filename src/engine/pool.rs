@@ -65,13 +65,6 @@ impl Pool {
         Ok(Pool { shared, threads })
     }
 
-    /// Queues a job and wakes a parked worker.
-    pub fn submit(&self, job: Job) {
-        self.shared.injector.push(job);
-        let _guard = self.shared.sleep.lock().unwrap_or_else(|p| p.into_inner());
-        self.shared.wake.notify_one();
-    }
-
     /// Queues several jobs, then wakes as many parked workers. Pushing
     /// them all before the first wake-up keeps the submitter from being
     /// preempted by each worker it wakes (on two cores a woken worker
@@ -149,13 +142,16 @@ mod tests {
     fn runs_every_job_on_several_threads() {
         let pool = Pool::new(4, "test").unwrap();
         let (tx, rx) = mpsc::channel();
-        for i in 0..200 {
-            let tx = tx.clone();
-            pool.submit(Box::new(move || {
-                tx.send((i, std::thread::current().name().unwrap_or("").to_string()))
-                    .unwrap();
-            }));
-        }
+        let jobs: Vec<Job> = (0..200)
+            .map(|i| {
+                let tx = tx.clone();
+                Box::new(move || {
+                    tx.send((i, std::thread::current().name().unwrap_or("").to_string()))
+                        .unwrap();
+                }) as Job
+            })
+            .collect();
+        pool.submit_all(jobs);
         drop(tx);
         let got: Vec<_> = rx.iter().collect();
         assert_eq!(got.len(), 200);
@@ -166,7 +162,7 @@ mod tests {
     }
 
     #[test]
-    fn submit_all_runs_every_job_and_wakes_enough_workers() {
+    fn submit_all_runs_every_job_with_fewer_or_more_jobs_than_workers() {
         let pool = Pool::new(4, "all").unwrap();
         // Fewer jobs than workers, then more: every job runs once.
         for n in [3usize, 50] {
@@ -183,8 +179,13 @@ mod tests {
             got.sort();
             assert_eq!(got, (0..n).collect::<Vec<_>>());
         }
-        // Four jobs that each wait for the others: they only finish if
-        // `submit_all` woke four workers.
+    }
+
+    #[test]
+    fn jobs_run_concurrently() {
+        // Four jobs that each wait for all four to have started: only
+        // possible if four workers run at once.
+        let pool = Pool::new(4, "conc").unwrap();
         let barrier = Arc::new(std::sync::Barrier::new(5));
         let jobs: Vec<Job> = (0..4)
             .map(|_| {
@@ -195,21 +196,6 @@ mod tests {
             })
             .collect();
         pool.submit_all(jobs);
-        barrier.wait();
-    }
-
-    #[test]
-    fn jobs_run_concurrently() {
-        // Four jobs that each wait for all four to have started: only
-        // possible if four workers run at once.
-        let pool = Pool::new(4, "conc").unwrap();
-        let barrier = Arc::new(std::sync::Barrier::new(5));
-        for _ in 0..4 {
-            let b = barrier.clone();
-            pool.submit(Box::new(move || {
-                b.wait();
-            }));
-        }
         barrier.wait();
     }
 }
