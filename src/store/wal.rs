@@ -22,7 +22,7 @@
 //!   (`berth-wal-spare`) writes the next one's [`SEGMENT_BYTES`] of zeros
 //!   into `wal/spare.tmp`, syncs it and renames it `wal/spare`; the next
 //!   segment is that file, renamed. A flush's `fdatasync` then writes over
-//!   blocks the file system already holds as written: measured here, 170-185
+//!   blocks the file system already holds as written: measured here, 155-165
 //!   µs a flush against 255-265 with `fallocate`, whose blocks are reserved
 //!   but unwritten, so that each `fdatasync` also journals their
 //!   conversion. Neither file ends in `.wal`, so reading never sees them.
