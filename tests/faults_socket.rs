@@ -34,17 +34,31 @@ fn status_field(d: &Daemon, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {name} in /proc/PID/status"))
 }
 
-fn threads(d: &Daemon) -> u64 {
-    status_field(d, "Threads")
+fn threads(d: &Daemon) -> usize {
+    thread_names(d)
+        .iter()
+        .filter(|n| !n.starts_with("sled-io-"))
+        .count()
 }
 
 /// The daemon's connection threads (named `berth-conn`).
 fn connection_threads(d: &Daemon) -> usize {
+    thread_names(d)
+        .iter()
+        .filter(|n| *n == "berth-conn")
+        .count()
+}
+
+/// The names of the daemon's threads. `threads` leaves out sled's IO
+/// threads: sled starts its seven at its first log write that is not a
+/// flush, whenever the daemon's work makes one, so they are not part of
+/// what the connections cost.
+fn thread_names(d: &Daemon) -> Vec<String> {
     std::fs::read_dir(format!("/proc/{}/task", d.pid()))
         .expect("/proc/PID/task")
         .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-        .filter(|comm| comm.trim() == "berth-conn")
-        .count()
+        .map(|comm| comm.trim().to_string())
+        .collect()
 }
 
 fn write_config(root: &Path, grace: &str) -> PathBuf {

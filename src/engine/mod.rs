@@ -599,6 +599,9 @@ impl Engine {
             if launches.send(launch).is_err() {
                 return Err(WriteError::Failed("the launcher thread ended".into()));
             }
+            // While that step is flushed: the next step starts the task
+            // behind each running one; read them now.
+            self.store.warm_next(sched.running_jobs());
             self.publish(sched, stopping, paused.clone());
             if stopping && sched.in_flight() == 0 {
                 break;
@@ -700,10 +703,28 @@ impl Engine {
         }
         match self.rx.recv_timeout(timeout) {
             Ok(m) => self.collect(m, inbox),
-            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Timeout) => return true,
             Err(RecvTimeoutError::Disconnected) => return false,
         }
+        self.gather(sched, inbox);
         true
+    }
+
+    /// Waits for the completions of the jobs still running, as long as a
+    /// flush would wait for them (`GroupCommit::coming_until`: they are
+    /// announced, and the last job ended less than its gathering time
+    /// ago), so that one step records the jobs a flush released together:
+    /// a second step for the late ones cost as much again, and the flush
+    /// waited for it anyway.
+    fn gather(&self, sched: &Scheduler, inbox: &mut Inbox) {
+        while inbox.done.len() < sched.in_flight()
+            && let Some(until) = self.commits.coming_until()
+        {
+            match self.rx.recv_deadline(until) {
+                Ok(m) => self.collect(m, inbox),
+                Err(_) => return,
+            }
+        }
     }
 }
 

@@ -207,6 +207,15 @@ impl Scheduler {
         &self.elsewhere
     }
 
+    /// The tasks running now in a job of their own (not group parents).
+    pub fn running_jobs(&self) -> impl Iterator<Item = u64> + '_ {
+        self.queues
+            .values()
+            .filter_map(|q| q.running.as_ref())
+            .filter(|r| !r.group)
+            .map(|r| r.id)
+    }
+
     /// Jobs handed to the pool and not yet back.
     pub fn in_flight(&self) -> usize {
         self.in_flight

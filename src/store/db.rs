@@ -113,6 +113,8 @@ pub(crate) struct Inner {
     /// (stored apart, see `children`): a list never changes, so a parent
     /// read at every step of its group decodes it once.
     pub children: std::collections::HashMap<u64, std::sync::Arc<[u64]>>,
+    /// Decoded records of the live tasks read again soon (see `warm`).
+    pub warm: super::warm::Warm,
 }
 
 pub struct Store {
@@ -158,6 +160,28 @@ impl Store {
     /// committed or dropped (dropping discards it).
     pub fn write(&self) -> WriteTxn<'_> {
         WriteTxn::new(self, self.lock_inner())
+    }
+
+    /// Reads the task right behind each of `running` in its queue into the
+    /// warm records (see `warm`): the engine's next step starts it, and
+    /// calls this while the step before is flushed. A record that cannot
+    /// be read is left to the step, which reports it.
+    pub fn warm_next(&self, running: impl IntoIterator<Item = u64>) {
+        let mut inner = self.lock_inner();
+        for id in running {
+            let Some(next) = inner.order.next_after(id) else {
+                continue;
+            };
+            if inner.warm.contains(next) {
+                continue;
+            }
+            if let Ok(Some(v)) = self.get_raw(&keys::id_key(TASK, next))
+                && let Ok(task) = stored::decode(TASK, &v)
+                && !children::is_apart(&task)
+            {
+                inner.warm.keep(&task);
+            }
+        }
     }
 
     pub(crate) fn lock_inner(&self) -> MutexGuard<'_, Inner> {

@@ -122,6 +122,15 @@ impl GroupCommit {
         }
     }
 
+    /// Until when a flush would wait for the announced transactions (see
+    /// [`GroupCommit::coming`]): None when none is announced, or the last
+    /// announcement is older than [`GATHER`].
+    pub fn coming_until(&self) -> Option<Instant> {
+        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let until = st.coming_at? + GATHER;
+        (st.coming > 0 && until > Instant::now()).then_some(until)
+    }
+
     /// `n` announced transactions have begun (or will not come).
     pub fn arrived(&self, n: usize) {
         if n == 0 {

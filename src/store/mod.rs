@@ -23,6 +23,7 @@ mod snapshot;
 pub mod stored;
 pub mod verify;
 pub(crate) mod wal;
+mod warm;
 mod write;
 
 pub use attempts::{AttemptLog, AttemptOutcome, OutputTail};

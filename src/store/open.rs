@@ -1015,6 +1015,7 @@ impl Store {
                 deadlines: None,
                 groups: Default::default(),
                 children: Default::default(),
+                warm: Default::default(),
             }),
             commit,
             clock,

@@ -187,6 +187,11 @@ impl<'s> WriteTxn<'s> {
     /// A stored task, its children list joined (from the store's cache of
     /// the lists, or its `g` key); and whether that list is under its `g` key.
     fn read(&mut self, prefix: u8, id: u64) -> Result<Option<(Task, bool)>, WriteError> {
+        if prefix == TASK
+            && let Some(t) = self.inner().warm.get(id)
+        {
+            return Ok(Some((t.clone(), false)));
+        }
         let key = keys::id_key(prefix, id);
         let Some(v) = self.store.get_raw(&key)? else {
             return Ok(None);
@@ -941,6 +946,15 @@ impl<'s> WriteTxn<'s> {
         let ticket = self
             .store
             .append(first_seq, self.next_seq, bytes, record.writes)?;
+        // The warm records follow what was just written (see `warm`).
+        let inner = self
+            .inner
+            .as_mut()
+            .expect("a live transaction holds the lock");
+        for (id, slot) in self.slots.iter().filter(|(_, s)| s.dirty) {
+            let live = slot.task.as_ref().filter(|_| slot.home == Home::Live);
+            inner.warm.written(*id, live);
+        }
         self.settle_groups(record.events.iter().map(|e| e.kind.task_id()));
         // A parent that left the live tasks is not read at every step any more.
         let gone: Vec<u64> = self

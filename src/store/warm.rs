@@ -1,0 +1,134 @@
+//! Decoded records of live tasks that the engine reads again soon: each task
+//! a step started (its completion reads it back) and the task behind each
+//! running one (the next step starts it). A step then finds them here
+//! instead of looking them up in sled and decoding them, which was most of
+//! a step's time; the look-ups of the next heads are made while the step
+//! before is being flushed ([`crate::store::Store::warm_next`]).
+//!
+//! Invariant: an entry is the committed record of the live task `t/ID`,
+//! decoded. It holds because entries live under the store's write lock and
+//! come only from the committed state: from a read of `t/ID` under that
+//! lock, or from the task a commit has just written (`WriteTxn::publish`);
+//! and every commit first drops the entry of every task it writes, the only
+//! way a `t/` key changes while the store is open.
+
+use std::collections::HashMap;
+
+use crate::task::{Status, Task};
+
+/// Entries kept at most; past that the map starts again empty.
+const MAX_TASKS: usize = 1024;
+
+/// Tasks with a larger payload or result are not kept (memory stays small,
+/// and cloning one costs about what decoding it does).
+const MAX_BYTES: usize = 16 * 1024;
+
+#[derive(Debug, Default)]
+pub(crate) struct Warm {
+    tasks: HashMap<u64, Task>,
+}
+
+impl Warm {
+    pub fn get(&self, id: u64) -> Option<&Task> {
+        self.tasks.get(&id)
+    }
+
+    pub fn contains(&self, id: u64) -> bool {
+        self.tasks.contains_key(&id)
+    }
+
+    pub fn forget(&mut self, id: u64) {
+        self.tasks.remove(&id);
+    }
+
+    /// Keeps `task`, the committed record of a live task, if it is small
+    /// and has no children (a group parent's list is kept apart).
+    pub fn keep(&mut self, task: &Task) {
+        let bytes = task.payload.bytes.len() + task.result.as_ref().map_or(0, |r| r.bytes.len());
+        if bytes > MAX_BYTES || !task.children.is_empty() {
+            return;
+        }
+        if self.tasks.len() >= MAX_TASKS {
+            self.tasks.clear();
+        }
+        self.tasks.insert(task.id, task.clone());
+    }
+
+    /// After a commit that wrote `task` (None: removed or moved to the
+    /// history): a running task is kept (its completion reads it next),
+    /// any other entry goes.
+    pub fn written(&mut self, id: u64, live: Option<&Task>) {
+        match live {
+            Some(t) if t.status == Status::Running => self.keep(t),
+            _ => self.forget(id),
+        }
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.tasks.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::budget::Blob;
+
+    fn task(id: u64, status: Status, payload: usize) -> Task {
+        Task {
+            id,
+            kind: "K".into(),
+            queue: "main".into(),
+            name: format!("t{id}"),
+            description: None,
+            weight: None,
+            payload: Blob {
+                compressed: false,
+                bytes: vec![b'1'; payload],
+            },
+            tags: Vec::new(),
+            target: None,
+            compaction_key: None,
+            failures: 0,
+            attempts: 0,
+            last_failure: None,
+            status,
+            queued_at: 1,
+            started_at: None,
+            finished_at: None,
+            retry_at: None,
+            parent: None,
+            children: Default::default(),
+            result: None,
+            ttl_ms: None,
+        }
+    }
+
+    #[test]
+    fn a_written_running_task_is_kept_and_any_other_write_drops_the_entry() {
+        let mut w = Warm::default();
+        w.written(1, Some(&task(1, Status::Running, 10)));
+        assert_eq!(w.get(1).map(|t| t.status), Some(Status::Running));
+        w.written(1, Some(&task(1, Status::Succeeded, 10)));
+        assert!(w.get(1).is_none());
+        w.keep(&task(2, Status::Queued, 10));
+        w.written(2, None);
+        assert!(!w.contains(2));
+    }
+
+    #[test]
+    fn large_tasks_and_group_parents_are_not_kept_and_the_map_stays_bounded() {
+        let mut w = Warm::default();
+        w.keep(&task(1, Status::Queued, MAX_BYTES + 1));
+        let mut parent = task(2, Status::Queued, 10);
+        parent.children = vec![3, 4].into();
+        w.keep(&parent);
+        assert_eq!(w.len(), 0);
+        for id in 0..(MAX_TASKS as u64 * 3) {
+            w.keep(&task(id, Status::Queued, 1));
+            assert!(w.len() <= MAX_TASKS);
+        }
+        assert!(w.contains(MAX_TASKS as u64 * 3 - 1));
+    }
+}
