@@ -227,4 +227,34 @@ mod tests {
         pool.submit_all(jobs);
         barrier.wait();
     }
+
+    #[test]
+    fn jobs_that_block_each_get_a_worker_from_several_submits() {
+        // Workers are woken one at a time (each that takes a job wakes
+        // the next): eight jobs that block until all eight have started,
+        // submitted in two batches while the first ones already block,
+        // all start.
+        let pool = Pool::new(8, "chain").unwrap();
+        let (started, starts) = mpsc::channel();
+        let (release, released) = crossbeam_channel::bounded::<()>(0);
+        let batch = |n: usize| -> Vec<Job> {
+            (0..n)
+                .map(|_| {
+                    let (started, released) = (started.clone(), released.clone());
+                    Box::new(move || {
+                        started.send(()).unwrap();
+                        let _ = released.recv();
+                    }) as Job
+                })
+                .collect()
+        };
+        pool.submit_all(batch(3));
+        pool.submit_all(batch(5));
+        for n in 1..=8 {
+            starts
+                .recv_timeout(std::time::Duration::from_secs(30))
+                .unwrap_or_else(|_| panic!("job {n} of 8 never started: no worker was woken"));
+        }
+        drop(release);
+    }
 }

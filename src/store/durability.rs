@@ -329,6 +329,22 @@ mod tests {
     }
 
     #[test]
+    fn the_loop_gathers_until_an_announcement_arrives_or_grows_old() {
+        let gc = GroupCommit::default();
+        assert_eq!(gc.coming_until(), None, "nothing announced");
+        let before = Instant::now();
+        gc.coming(3);
+        let until = gc.coming_until().expect("announced just now");
+        assert!(until >= before + GATHER && until <= Instant::now() + GATHER);
+        gc.arrived(3);
+        assert_eq!(gc.coming_until(), None, "all arrived");
+        // An announcement older than `GATHER` holds nobody.
+        gc.coming(1);
+        gc.state.lock().unwrap().coming_at = Instant::now().checked_sub(GATHER * 2);
+        assert_eq!(gc.coming_until(), None);
+    }
+
+    #[test]
     fn every_commit_is_on_disk_when_its_wait_returns() {
         // A pretend disk: `memory` counts transactions published, a flush copies it to `disk`.
         let gc = Arc::new(GroupCommit::default());
