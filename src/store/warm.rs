@@ -19,9 +19,10 @@ use crate::task::{Status, Task};
 /// Entries kept at most; past that the map starts again empty.
 const MAX_TASKS: usize = 1024;
 
-/// Tasks with a larger payload or result are not kept (memory stays small,
-/// and cloning one costs about what decoding it does).
-const MAX_BYTES: usize = 16 * 1024;
+/// Tasks with a larger payload and result are not kept: the map holds at
+/// most about 4 MiB of them (a larger task's clone also costs about what
+/// reading and decoding it does).
+const MAX_BYTES: usize = 4 * 1024;
 
 #[derive(Debug, Default)]
 pub(crate) struct Warm {
