@@ -32,6 +32,8 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsE
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use crate::store::dirwatch::DirWatch;
+
 /// The marker file: this data dir has held a berth store.
 pub const MARKER: &str = "berth.dir";
 /// sled's directory inside the data dir.
@@ -209,11 +211,46 @@ pub(crate) fn copy_for_reading(dir: &Path) -> io::Result<tempfile::TempDir> {
 }
 
 /// What [`DbFiles::sync`] remembers between flushes.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Synced {
     in_db: BTreeSet<OsString>,
     in_blobs: BTreeSet<OsString>,
     kept_for: Option<(BTreeSet<OsString>, BTreeSet<OsString>)>,
+    /// Tells when a name changed in `db/` or `db/blobs/` (None: it could
+    /// not be set up, and every sync lists both).
+    watch: Option<DirWatch>,
+    /// The next sync lists both folders whatever the watch says: the last
+    /// listing left a blob that was still being written (its completion
+    /// changes no name), or none was made yet.
+    must_list: bool,
+    /// What the last listing of `db/blobs/` found (None: no such folder).
+    blobs_listed: Option<BTreeSet<OsString>>,
+    /// Listings made (for tests).
+    listings: u64,
+}
+
+impl Synced {
+    fn new(db: &Path, enabled: bool) -> Synced {
+        let watch = enabled.then(DirWatch::new).flatten().filter(|w| w.add(db));
+        Synced {
+            in_db: BTreeSet::new(),
+            in_blobs: BTreeSet::new(),
+            kept_for: None,
+            watch,
+            must_list: true,
+            blobs_listed: None,
+            listings: 0,
+        }
+    }
+
+    /// Whether this sync must list the folders (see `DbFiles::sync`). The
+    /// watch's events are taken either way.
+    fn must_list(&mut self) -> bool {
+        match &self.watch {
+            Some(w) => w.changed() | self.must_list,
+            None => true,
+        }
+    }
 }
 
 /// sled's files, for making them durable after each flush.
@@ -280,10 +317,10 @@ impl DbFiles {
         }
         let log = File::open(db.join("db"))?;
         let files = DbFiles {
+            synced: Mutex::new(Synced::new(&db, enabled)),
             db,
             log,
             enabled: true,
-            synced: Mutex::default(),
         };
         files.sync()?;
         fsync_dir(dir)?;
@@ -297,7 +334,7 @@ impl DbFiles {
             db: db.to_path_buf(),
             log: File::open(db.join("db"))?,
             enabled: false,
-            synced: Mutex::default(),
+            synced: Mutex::new(Synced::new(db, false)),
         })
     }
 
@@ -308,22 +345,46 @@ impl DbFiles {
             return Ok(());
         }
         let mut synced = self.synced.lock().unwrap_or_else(|p| p.into_inner());
+        // A flush after which no name changed in `db/` or `db/blobs/` has
+        // no new file to sync: it skips both listings, and the blob names
+        // it would have found are those of the last one (`dirwatch`).
+        let list = synced.must_list();
         let Synced {
             in_db,
             in_blobs,
             kept_for,
+            watch,
+            must_list,
+            blobs_listed,
+            listings,
         } = &mut *synced;
         let blobs = self.db.join("blobs");
-        // The blob files there before the log's sync: one missing from it
-        // was deleted before, so the state that sync makes durable no
-        // longer refers to it.
-        let present = match blobs.exists() {
-            true => Some(sync_new_files(&blobs, in_blobs, blob_complete)?),
-            false => None,
-        };
+        let mut complete = true;
+        if list {
+            *listings += 1;
+            // The blob files there before the log's sync: one missing from
+            // it was deleted before, so the state that sync makes durable
+            // no longer refers to it. The folder is watched before it is
+            // listed, so that a name that comes after is seen next time.
+            *blobs_listed = match blobs.exists() {
+                true => {
+                    if watch.as_ref().is_some_and(|w| !w.add(&blobs)) {
+                        *watch = None;
+                    }
+                    let (names, all) = sync_new_files(&blobs, in_blobs, blob_complete)?;
+                    complete &= all;
+                    Some(names)
+                }
+                false => None,
+            };
+        }
         self.log.sync_data()?;
-        sync_new_files(&self.db, in_db, |_| Ok(true))?;
-        if let Some(present) = present {
+        if list {
+            complete &= sync_new_files(&self.db, in_db, |_| Ok(true))?.1;
+            // Only a clean pass lets the next flushes rely on the watch.
+            *must_list = !complete;
+        }
+        if let Some(present) = blobs_listed.clone() {
             let now = (in_blobs.clone(), present);
             if kept_for.as_ref() != Some(&now) {
                 self.keep_blobs(&blobs, &now.0, &now.1)?;
@@ -390,12 +451,14 @@ fn blob_complete(f: &mut File) -> io::Result<bool> {
 /// Syncs (and makes private) every regular file in `dir` that is not in
 /// `synced` and that `complete` accepts, then the directory itself if there
 /// was one. `synced` becomes the names synced and still present. Returns
-/// every name `dir` held.
+/// every name `dir` held, and whether `complete` accepted every file it
+/// was asked about (a file it refused is tried again at the next listing).
 fn sync_new_files(
     dir: &Path,
     synced: &mut BTreeSet<OsString>,
     complete: impl Fn(&mut File) -> io::Result<bool>,
-) -> io::Result<BTreeSet<OsString>> {
+) -> io::Result<(BTreeSet<OsString>, bool)> {
+    let mut all = true;
     let mut now = BTreeSet::new();
     let mut listed = BTreeSet::new();
     let mut new = false;
@@ -418,6 +481,7 @@ fn sync_new_files(
                     Err(e) => return Err(e),
                 };
                 if !complete(&mut f)? {
+                    all = false;
                     continue;
                 }
                 // A file removed after it was opened needs no sync. (A FUSE
@@ -441,7 +505,7 @@ fn sync_new_files(
         fsync_dir(dir)?;
     }
     *synced = now;
-    Ok(listed)
+    Ok((listed, all))
 }
 
 #[cfg(test)]
@@ -573,5 +637,53 @@ mod tests {
         fs::remove_file(&blob).unwrap();
         files.sync().unwrap();
         assert!(files.synced.lock().unwrap().in_blobs.is_empty());
+    }
+
+    #[test]
+    fn a_flush_lists_the_folders_only_after_a_name_changed_there() {
+        let (dir, db) = fake_db();
+        let files = DbFiles::open(dir.path(), true).unwrap();
+        let listings = || files.synced.lock().unwrap().listings;
+        if files.synced.lock().unwrap().watch.is_none() {
+            eprintln!("skipped: no inotify watch to be had (every sync lists)");
+            return;
+        }
+        files.sync().unwrap();
+        let quiet = listings();
+        // Writing to sled's log changes no name: no listing.
+        fs::write(db.join("db"), b"more log").unwrap();
+        files.sync().unwrap();
+        files.sync().unwrap();
+        assert_eq!(listings(), quiet);
+        // A new file in `db/` (sled's snapshot), then one in `db/blobs/`:
+        // each is found and synced (made private) at the next flush.
+        let snap = db.join("snap.0000000000001234");
+        fs::write(&snap, b"snapshot").unwrap();
+        fs::set_permissions(&snap, Permissions::from_mode(0o644)).unwrap();
+        files.sync().unwrap();
+        assert_eq!(listings(), quiet + 1);
+        assert_eq!(fs::metadata(&snap).unwrap().mode() & 0o7777, 0o600);
+        let blob = db.join("blobs").join("77");
+        fs::write(&blob, blob_bytes()).unwrap();
+        fs::set_permissions(&blob, Permissions::from_mode(0o644)).unwrap();
+        files.sync().unwrap();
+        assert_eq!(fs::metadata(&blob).unwrap().mode() & 0o7777, 0o600);
+        assert!(
+            db.join(KEPT_BLOBS).join("77").exists(),
+            "kept under a second name"
+        );
+        // Quiet again; then the blob goes, and its kept name after it.
+        files.sync().unwrap();
+        let quiet = listings();
+        files.sync().unwrap();
+        assert_eq!(listings(), quiet);
+        fs::remove_file(&blob).unwrap();
+        files.sync().unwrap();
+        files.sync().unwrap();
+        assert!(!db.join(KEPT_BLOBS).join("77").exists());
+    }
+
+    fn blob_bytes() -> Vec<u8> {
+        blob(b"value")
     }
 }

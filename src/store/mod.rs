@@ -7,6 +7,7 @@ mod children;
 pub mod counters;
 mod db;
 pub mod deadlines;
+mod dirwatch;
 pub mod durability;
 mod error;
 pub mod event;
