@@ -164,8 +164,9 @@ impl Store {
 
     /// Reads the task right behind each of `running` in its queue into the
     /// warm records (see `warm`): the engine's next step starts it, and
-    /// calls this while the step before is flushed. A record that cannot
-    /// be read is left to the step, which reports it.
+    /// calls this while the step before is flushed, and at every turn of
+    /// its loop. A record that cannot be read is left to the step, which
+    /// reports it.
     pub fn warm_next(&self, running: impl IntoIterator<Item = u64>) {
         let mut inner = self.lock_inner();
         for id in running {
@@ -175,11 +176,16 @@ impl Store {
             if inner.warm.contains(next) {
                 continue;
             }
-            if let Ok(Some(v)) = self.get_raw(&keys::id_key(TASK, next))
-                && let Ok(task) = stored::decode(TASK, &v)
-                && !children::is_apart(&task)
-            {
-                inner.warm.keep(&task);
+            // Looked at once until it is written: a large record is passed
+            // over unread, and one that cannot be read is left to the step.
+            match self.get_raw(&keys::id_key(TASK, next)) {
+                Ok(Some(v)) if v.len() <= super::warm::MAX_RECORD_BYTES => {
+                    match stored::decode(TASK, &v) {
+                        Ok(task) if !children::is_apart(&task) => inner.warm.keep(&task),
+                        _ => inner.warm.pass(next),
+                    }
+                }
+                _ => inner.warm.pass(next),
             }
         }
     }

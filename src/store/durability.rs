@@ -53,9 +53,14 @@ struct State {
 impl State {
     /// Whether a flush leader should wait for a transaction under way.
     fn under_way(&self, now: Instant) -> bool {
-        let recent =
-            |t: Option<Instant>| t.is_some_and(|t| now.saturating_duration_since(t) < GATHER);
-        self.in_flight > 0 || (self.coming > 0 && recent(self.coming_at))
+        self.in_flight > 0 || self.coming_until(now).is_some()
+    }
+
+    /// Until when the announced transactions are waited for: None when
+    /// none is, or the last announcement is [`GATHER`] old.
+    fn coming_until(&self, now: Instant) -> Option<Instant> {
+        let until = self.coming_at? + GATHER;
+        (self.coming > 0 && until > now).then_some(until)
     }
 }
 
@@ -127,8 +132,7 @@ impl GroupCommit {
     /// announcement is older than [`GATHER`].
     pub fn coming_until(&self) -> Option<Instant> {
         let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let until = st.coming_at? + GATHER;
-        (st.coming > 0 && until > Instant::now()).then_some(until)
+        st.coming_until(Instant::now())
     }
 
     /// `n` announced transactions have begun (or will not come).
