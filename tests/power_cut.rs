@@ -65,8 +65,12 @@ fn power_child() {
     let Some(dir) = std::env::var_os(DIR_VAR) else {
         return;
     };
-    let store = Store::open(Path::new(&dir), Options::default(), berth::clock::system())
-        .expect("open on LazyFS");
+    // `BERTH_POWER_CUT_WAL=1` runs the writer with the write-ahead log on.
+    let opts = Options {
+        write_ahead_log: std::env::var_os("BERTH_POWER_CUT_WAL").is_some(),
+        ..Options::default()
+    };
+    let store = Store::open(Path::new(&dir), opts, berth::clock::system()).expect("open on LazyFS");
     producer::end_libtest_line();
     std::thread::scope(|s| {
         let store = &store;

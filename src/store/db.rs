@@ -60,8 +60,10 @@ pub struct Options {
     /// `wal`) instead of a sled flush per commit. Off by default: it is
     /// faster (one `pwrite` and one `fdatasync` per flush), but sled's own
     /// files are then synced only in the background, and in LazyFS power
-    /// cuts (`tests/power_cut.rs` with it on) 1 in 80 still left sled's
-    /// files unreadable, which the default path never did.
+    /// cuts (`tests/power_cut.rs` with `BERTH_POWER_CUT_WAL=1`) 1 in 80
+    /// left sled's files unreadable on 2026-12-01, for a cause not found,
+    /// which the default path never did (0 in 450 on 2026-12-03, on the
+    /// code of that day).
     pub write_ahead_log: bool,
     /// With `write_ahead_log`: how long after a commit sled itself is flushed at the latest (in
     /// the background; also after 32 MiB of commits), so that the
