@@ -247,10 +247,8 @@ fn main() {
         );
         by_n.push((n, rate));
     }
-    // The same without berth's fsyncs (sled's sync_file_range, and its one
-    // fdatasync per 512 KiB of log before it may reuse log space: safe
-    // against a process crash, not a power cut), to show what power safety
-    // costs.
+    // The same without fsync (sled's sync_file_range only: safe against a
+    // process crash, not a power cut), to show what power safety costs.
     for n in [1usize, 8] {
         let name = format!(
             "enqueue_sync_{n}_producer{}_no_fsync",

@@ -1,9 +1,7 @@
 //! The files of a data dir: made durable, kept private, and checked before
 //! sled reads them.
 //!
-//! **Durable.** sled 0.34 flushes its log (`db/db`) with `sync_file_range`
-//! (berth's sled adds one `fdatasync` per 512 KiB of log, before it may
-//! reuse log space: see `vendor/sled/BERTH.md`).
+//! **Durable.** sled 0.34 flushes its log (`db/db`) with `sync_file_range`.
 //! That survives a process crash, but not a power cut: it does not flush the
 //! drive's cache or the file's size, and sled never syncs its blob files
 //! (`db/blobs/*`, values over about 128 KiB), its `conf`, or the directories
