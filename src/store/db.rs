@@ -61,9 +61,10 @@ pub struct Options {
     /// faster (one `pwrite` and one `fdatasync` per flush), but sled's own
     /// files are then synced only in the background, and in LazyFS power
     /// cuts (`tests/power_cut.rs` with `BERTH_POWER_CUT_WAL=1`) 1 in 80
-    /// left sled's files unreadable on 2026-12-01, for a cause not found,
-    /// which the default path never did (0 in 450 on 2026-12-03, on the
-    /// code of that day).
+    /// left sled's files unreadable on 2026-12-01, which the default path
+    /// never did. The likely cause (a sled log message on the disk before
+    /// its blob file) is closed in `vendor/sled` since 2026-12-03; it stays
+    /// off until more power-cut runs back that.
     pub write_ahead_log: bool,
     /// With `write_ahead_log`: how long after a commit sled itself is flushed at the latest (in
     /// the background; also after 32 MiB of commits), so that the

@@ -3,13 +3,16 @@
 //!
 //! **Durable.** sled 0.34 flushes its log (`db/db`) with `sync_file_range`.
 //! That survives a process crash, but not a power cut: it does not flush the
-//! drive's cache or the file's size, and sled never syncs its blob files
+//! drive's cache or the file's size, and sled 0.34 never syncs its blob files
 //! (`db/blobs/*`, values over about 128 KiB), its `conf`, or the directories
 //! that hold them. [`DbFiles::sync`] runs after every sled flush and before
 //! any commit it covers is acknowledged: it `fsync`s every blob file it has
 //! not synced yet and the blobs directory, `fdatasync`s the log, and
 //! `fsync`s `db/` when a file appeared in it (a snapshot renamed into place).
 //! [`DbFiles::open`] syncs everything once, and the data dir itself.
+//! (berth's sled, `vendor/sled`, also syncs each blob file and `blobs/`
+//! before a log message can point to it, and its log before it may reuse
+//! log space; see `vendor/sled/BERTH.md`.)
 //!
 //! **Private.** The data dir and `db/` are mode 0700 and every file berth or
 //! sled creates is 0600, whatever the umask: directories are created and

@@ -90,12 +90,21 @@ pub(crate) fn write_blob<T: Serialize>(
     io_fail!(config, "write_blob write kind_byte");
     f.write_all(kind_buf)?;
     io_fail!(config, "write_blob write buf");
-    f.write_all(&data)
-        .map(|r| {
-            trace!("successfully wrote blob at {:?}", path);
-            r
-        })
-        .map_err(|e| e.into())
+    f.write_all(&data)?;
+    // berth: the blob, and its name in `blobs/`, are on the medium before
+    // any log message that points to it can be. Recovery skips a message
+    // whose blob file is missing ("dangling", as an old message whose blob
+    // was deleted after a newer version replaced it is), so a message
+    // whose blob was lost would be skipped, not stopped at: the page would
+    // keep an older version, or a new page would be left out of the page
+    // table.
+    io_fail!(config, "write_blob sync");
+    f.sync_all()?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    trace!("successfully wrote blob at {:?}", path);
+    Ok(())
 }
 
 pub(crate) fn gc_blobs(config: &Config, stable_lsn: Lsn) -> Result<()> {

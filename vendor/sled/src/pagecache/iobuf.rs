@@ -311,6 +311,10 @@ pub(crate) struct IoBufs {
     pub stable_lsn: AtomicLsn,
     pub max_reserved_lsn: AtomicLsn,
     pub max_header_stable_lsn: Arc<AtomicLsn>,
+    // berth: the highest stabilization point (as `SegmentAccountant::
+    // stabilize` normalizes it) that an `fdatasync` of the log covered
+    // before the segment accountant saw it (see `sync_before_stabilize`).
+    synced_stabilization: AtomicLsn,
     pub segment_accountant: Mutex<SegmentAccountant>,
     pub segment_cleaner: SegmentCleaner,
     deferred_segment_ops: stack::Stack<SegmentOp>,
@@ -414,6 +418,7 @@ impl IoBufs {
             stable_lsn: AtomicLsn::new(stable),
             max_reserved_lsn: AtomicLsn::new(stable),
             max_header_stable_lsn: Arc::new(AtomicLsn::new(next_lsn)),
+            synced_stabilization: AtomicLsn::new(-1),
             segment_accountant: Mutex::new(segment_accountant),
             segment_cleaner,
             deferred_segment_ops: stack::Stack::default(),
@@ -797,7 +802,32 @@ impl IoBufs {
         let current_max_header_stable_lsn =
             self.max_header_stable_lsn.load(Acquire);
 
+        self.sync_before_stabilize(current_max_header_stable_lsn)?;
         self.sa_stabilize(current_max_header_stable_lsn, &guard)
+    }
+
+    /// berth: syncs the log (`fdatasync`) before the segment accountant
+    /// is told that the log up to `lsn` is stable, whenever that would let
+    /// it deactivate a segment. A deactivated segment frees the segments
+    /// whose pages it holds the new copies of, and a freed segment is
+    /// reused. "Stable" here only means written with `sync_file_range`,
+    /// which flushes no drive cache: without this sync a power cut could
+    /// keep a reused segment's new bytes and lose the copies of the pages
+    /// it held. One sync per segment of log (512 KiB), at most.
+    fn sync_before_stabilize(&self, lsn: Lsn) -> Result<()> {
+        if self.config.temporary {
+            return Ok(());
+        }
+        // As `SegmentAccountant::stabilize` normalizes it.
+        let segment_size = self.config.segment_size as Lsn;
+        let point = ((lsn / segment_size) - 1) * segment_size;
+        if point <= self.synced_stabilization.load(Acquire) {
+            return Ok(());
+        }
+        io_fail!(self, "sync before stabilize");
+        self.config.file.sync_data()?;
+        bump_atomic_lsn(&self.synced_stabilization, point);
+        Ok(())
     }
 
     // It's possible that IO buffers are written out of order!
