@@ -51,20 +51,24 @@ fn sled_raw_insert_flush() -> f64 {
     let mut value = vec![0u8; 200];
     fastrand::Rng::with_seed(1).fill(&mut value);
     let mut key = 0u64;
-    let mut op = |key: &mut u64| {
-        *key += 1;
+    per_second(|| {
+        key += 1;
         value[..8].copy_from_slice(&key.to_le_bytes());
         db.insert(key.to_be_bytes(), &value[..]).expect("insert");
         db.flush().expect("flush");
-    };
+    })
+}
+
+/// Runs `op` for [`WARMUP`], then counts its runs for [`RUN`]: runs/s.
+fn per_second(mut op: impl FnMut()) -> f64 {
     let warm = Instant::now();
     while warm.elapsed() < WARMUP {
-        op(&mut key);
+        op();
     }
     let start = Instant::now();
     let mut n = 0u64;
     while start.elapsed() < RUN {
-        op(&mut key);
+        op();
         n += 1;
     }
     n as f64 / start.elapsed().as_secs_f64()
@@ -86,11 +90,16 @@ fn open_store(dir: &std::path::Path, power_safe: bool) -> Store {
 }
 
 fn enqueue_one(store: &Store, i: u64) {
+    enqueue_task(store, format!("task-{i}"), json!({ "i": i }));
+}
+
+/// Enqueues one task into `main` in a commit of its own, and waits for it.
+fn enqueue_task(store: &Store, name: String, payload: serde_json::Value) {
     let spec = TaskSpec {
         queue: "main".into(),
         kind: "ModuleRun".into(),
-        name: format!("task-{i}"),
-        payload: json!({ "i": i }),
+        name,
+        payload,
         ..Default::default()
     };
     let task = spec
@@ -109,34 +118,15 @@ fn enqueue_sync_200kib() -> f64 {
     let store = open_store(dir.path(), true);
     let mut rng = fastrand::Rng::with_seed(7);
     let text: String = (0..200 * 1024).map(|_| rng.alphanumeric()).collect();
-    let warm = Instant::now();
     let mut i = 0u64;
-    let one = |i: &mut u64| {
-        *i += 1;
-        let spec = TaskSpec {
-            queue: "main".into(),
-            kind: "ModuleRun".into(),
-            name: format!("large-{i}"),
-            payload: json!({ "i": *i, "blob": text }),
-            ..Default::default()
-        };
-        let task = spec
-            .into_task(store.clock().now_ms(), store.budget())
-            .expect("into_task");
-        let mut w = store.write();
-        w.enqueue(task, Some(Placement::Last)).expect("enqueue");
-        w.commit().expect("commit");
-    };
-    while warm.elapsed() < WARMUP {
-        one(&mut i);
-    }
-    let start = Instant::now();
-    let mut n = 0u64;
-    while start.elapsed() < RUN {
-        one(&mut i);
-        n += 1;
-    }
-    n as f64 / start.elapsed().as_secs_f64()
+    per_second(|| {
+        i += 1;
+        enqueue_task(
+            &store,
+            format!("large-{i}"),
+            json!({ "i": i, "blob": text }),
+        );
+    })
 }
 
 /// `producers` threads, each enqueuing one task per commit and waiting for
@@ -234,23 +224,15 @@ fn compress_1mib_json() -> f64 {
     let budget = Budget::default();
     let blob = Blob::from_json("payload", &value, &budget).expect("from_json");
     assert!(blob.compressed, "a 1 MiB payload must be compressed");
-    let warm = Instant::now();
-    while warm.elapsed() < WARMUP {
+    let per_s = per_second(|| {
         std::hint::black_box(Blob::from_json("payload", &value, &budget).unwrap());
-    }
-    let start = Instant::now();
-    let mut n = 0u64;
-    while start.elapsed() < RUN {
-        std::hint::black_box(Blob::from_json("payload", &value, &budget).unwrap());
-        n += 1;
-    }
-    let elapsed = start.elapsed().as_secs_f64();
+    });
     figure(
         "compress_1mib_json_ratio",
         raw_len as f64 / blob.bytes.len() as f64,
         "x",
     );
-    (raw_len as f64 * n as f64 / (1 << 20) as f64) / elapsed
+    raw_len as f64 * per_s / (1 << 20) as f64
 }
 
 fn main() {
