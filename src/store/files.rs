@@ -3,20 +3,22 @@
 //!
 //! **Durable.** sled 0.34 flushes its log (`db/db`) with `sync_file_range`.
 //! That survives a process crash, but not a power cut: it does not flush the
-//! drive's cache or the file's size, and sled 0.34 never syncs its blob files
-//! (`db/blobs/*`, values over about 128 KiB), its `conf`, or the directories
-//! that hold them. [`DbFiles::sync`] runs after every sled flush and before
-//! any commit it covers is acknowledged: it `fsync`s every blob file it has
-//! not synced yet and the blobs directory, `fdatasync`s the log, and
-//! `fsync`s `db/` when a file appeared in it (a snapshot renamed into place).
-//! [`DbFiles::open`] syncs everything once, and the data dir itself.
-//! (berth's sled, `vendor/sled`, also syncs each blob file and `blobs/`
-//! before a log message can point to it, and its log before it may reuse
-//! log space; see `vendor/sled/BERTH.md`.)
+//! drive's cache or the file's size, and sled 0.34 never syncs its `conf`,
+//! its snapshots or the directories that hold them. [`DbFiles::sync`] runs
+//! after every sled flush and before any commit it covers is acknowledged:
+//! it `fdatasync`s the log, and `fsync`s each new file in `db/` (a snapshot
+//! renamed into place) and then `db/`. Blob files (`db/blobs/*`, values over
+//! about 128 KiB) are synced by berth's sled itself, with `blobs/`, before a
+//! log message can point to one (`vendor/sled/BERTH.md`, which also says
+//! why its log is synced before it may reuse log space); a flush lists
+//! them only to keep a second name of each ([`KEPT_BLOBS`]).
+//! [`DbFiles::open`] syncs everything once (blob files an older sled left
+//! too), and the data dir itself.
 //!
 //! **Private.** The data dir and `db/` are mode 0700 and every file berth or
 //! sled creates is 0600, whatever the umask: directories are created and
-//! chmod-ed here, sled's files are chmod-ed when they are first synced.
+//! chmod-ed here, sled's files are chmod-ed when they are first synced,
+//! except blob files, which berth's sled creates 0600.
 //!
 //! **Checked.** A data dir that ever held a store has a marker file,
 //! `berth.dir`, written (and synced) once its database exists. If the marker
@@ -217,14 +219,13 @@ pub(crate) fn copy_for_reading(dir: &Path) -> io::Result<tempfile::TempDir> {
 #[derive(Debug)]
 struct Synced {
     in_db: BTreeSet<OsString>,
-    in_blobs: BTreeSet<OsString>,
-    kept_for: Option<(BTreeSet<OsString>, BTreeSet<OsString>)>,
+    /// The blob names the kept names were last brought up to date with.
+    kept_for: Option<BTreeSet<OsString>>,
     /// Tells when a name changed in `db/` or `db/blobs/` (None: it could
     /// not be set up, and every sync lists both).
     watch: Option<DirWatch>,
-    /// The next sync lists both folders whatever the watch says: the last
-    /// listing left a blob that was still being written (its completion
-    /// changes no name), or none was made yet.
+    /// The next sync lists both folders whatever the watch says: none was
+    /// made yet, or the last one failed.
     must_list: bool,
     /// What the last listing of `db/blobs/` found (None: no such folder).
     blobs_listed: Option<BTreeSet<OsString>>,
@@ -237,7 +238,6 @@ impl Synced {
         let watch = enabled.then(DirWatch::new).flatten().filter(|w| w.add(db));
         Synced {
             in_db: BTreeSet::new(),
-            in_blobs: BTreeSet::new(),
             kept_for: None,
             watch,
             must_list: true,
@@ -317,6 +317,9 @@ impl DbFiles {
         let blobs = db.join("blobs");
         if blobs.exists() {
             set_mode(&blobs, DIR_MODE)?;
+            // Once: blob files an older sled wrote (without a sync or mode
+            // 0600 of its own); a flush only lists them.
+            sync_new_files(&blobs, &mut BTreeSet::new(), blob_complete)?;
         }
         let log = File::open(db.join("db"))?;
         let files = DbFiles {
@@ -354,7 +357,6 @@ impl DbFiles {
         let list = synced.must_list();
         let Synced {
             in_db,
-            in_blobs,
             kept_for,
             watch,
             must_list,
@@ -362,58 +364,52 @@ impl DbFiles {
             listings,
         } = &mut *synced;
         let blobs = self.db.join("blobs");
-        let mut complete = true;
         if list {
             *listings += 1;
+            // Until this listing is whole, the next sync lists again.
+            *must_list = true;
             // The blob files there before the log's sync: one missing from
             // it was deleted before, so the state that sync makes durable
-            // no longer refers to it. The folder is watched before it is
-            // listed, so that a name that comes after is seen next time.
+            // no longer refers to it. sled wrote and synced each one (and
+            // `blobs/`) before any log message could point to it, and made
+            // it 0600 (`vendor/sled/BERTH.md`, changes 3 and 6), so this
+            // only lists them. The folder is watched before it is listed,
+            // so that a name that comes after is seen next time.
             *blobs_listed = match blobs.exists() {
                 true => {
                     if watch.as_ref().is_some_and(|w| !w.add(&blobs)) {
                         *watch = None;
                     }
-                    let (names, all) = sync_new_files(&blobs, in_blobs, blob_complete)?;
-                    complete &= all;
-                    Some(names)
+                    Some(list_names(&blobs)?)
                 }
                 false => None,
             };
         }
         self.log.sync_data()?;
         if list {
-            complete &= sync_new_files(&self.db, in_db, |_| Ok(true))?.1;
-            // Only a clean pass lets the next flushes rely on the watch.
-            *must_list = !complete;
+            sync_new_files(&self.db, in_db, |_| Ok(true))?;
+            *must_list = false;
         }
-        if let Some(present) = blobs_listed.clone() {
-            let now = (in_blobs.clone(), present);
-            if kept_for.as_ref() != Some(&now) {
-                self.keep_blobs(&blobs, &now.0, &now.1)?;
-                *kept_for = Some(now);
-            }
+        if let Some(present) = blobs_listed.clone()
+            && kept_for.as_ref() != Some(&present)
+        {
+            self.keep_blobs(&blobs, &present)?;
+            *kept_for = Some(present);
         }
         Ok(())
     }
 
-    /// Gives every synced blob file a kept name, and drops the kept names
+    /// Gives every blob file listed a kept name, and drops the kept names
     /// of the blob files that were gone before the last log sync (see
-    /// [`KEPT_BLOBS`]).
-    fn keep_blobs(
-        &self,
-        blobs: &Path,
-        synced: &BTreeSet<OsString>,
-        present: &BTreeSet<OsString>,
-    ) -> io::Result<()> {
+    /// [`KEPT_BLOBS`]). A blob still being written for a later message may
+    /// get a kept name too: a second name of a file sled has not finished
+    /// is harmless, no log message on the disk points to it.
+    fn keep_blobs(&self, blobs: &Path, present: &BTreeSet<OsString>) -> io::Result<()> {
         let kept = self.db.join(KEPT_BLOBS);
         private_dir(&kept)?;
-        let mut have = BTreeSet::new();
-        for entry in fs::read_dir(&kept)? {
-            have.insert(entry?.file_name());
-        }
+        let have = list_names(&kept)?;
         let mut changed = false;
-        for name in synced.difference(&have) {
+        for name in present.difference(&have) {
             match fs::hard_link(blobs.join(name), kept.join(name)) {
                 Ok(()) => changed = true,
                 // Deleted meanwhile: the durable state is past it.
@@ -433,6 +429,13 @@ impl DbFiles {
         }
         Ok(())
     }
+}
+
+/// The names in `dir`.
+fn list_names(dir: &Path) -> io::Result<BTreeSet<OsString>> {
+    fs::read_dir(dir)?
+        .map(|e| e.map(|e| e.file_name()))
+        .collect()
 }
 
 /// Whether a sled blob file is completely written: sled writes a blob as a
@@ -538,15 +541,12 @@ mod tests {
         let (dir, db) = fake_db();
         let (a, b) = (db.join("blobs/0000000001"), db.join("blobs/0000000002"));
         fs::write(&a, blob(b"first")).unwrap();
-        // Being written: its CRC does not check yet, so it is not kept.
-        fs::write(&b, b"\0\0\0\0half").unwrap();
         let files = DbFiles::open(dir.path(), true).unwrap();
         let kept = db.join(KEPT_BLOBS);
         assert!(kept.join("0000000001").exists());
-        assert!(!kept.join("0000000002").exists());
 
-        // sled deletes the first after a rewrite; a power cut comes before
-        // the next sync of its log: opening gives it back, whole.
+        // sled deletes it after a rewrite; a power cut comes before the
+        // next sync of its log: opening gives it back, whole.
         fs::remove_file(&a).unwrap();
         assert_eq!(restore_kept_blobs(&db).unwrap(), 1);
         assert_eq!(fs::read(&a).unwrap(), blob(b"first"));
@@ -556,8 +556,9 @@ mod tests {
             "nothing more to give back"
         );
 
-        // Deleted again, then a sync of the log: that state no longer
-        // refers to it, so its kept name goes; the finished second is kept.
+        // Deleted again, and a new one written, then a sync of the log:
+        // that state no longer refers to the first, so its kept name goes;
+        // the second is kept.
         fs::remove_file(&a).unwrap();
         fs::write(&b, blob(b"second")).unwrap();
         files.sync().unwrap();
@@ -613,33 +614,29 @@ mod tests {
     }
 
     #[test]
-    fn sync_makes_new_files_private_once() {
+    fn opening_makes_the_blobs_of_an_older_sled_private_and_a_flush_only_lists_them() {
         let (dir, db) = fake_db();
+        // Written by a sled without berth's changes: mode 0644. One is
+        // whole, one was cut short (its CRC does not match): left as it is.
+        let (old, cut) = (db.join("blobs/1"), db.join("blobs/2"));
+        fs::write(&old, blob(b"old")).unwrap();
+        fs::write(&cut, b"\0\0\0\0half").unwrap();
+        for f in [&old, &cut] {
+            fs::set_permissions(f, Permissions::from_mode(0o644)).unwrap();
+        }
         let files = DbFiles::open(dir.path(), true).unwrap();
-        // A blob still being written (its CRC does not match yet) waits.
-        let blob = db.join("blobs").join("123");
-        let body = b"\x01value";
-        let mut bytes = crc32fast::hash(body).to_le_bytes().to_vec();
-        fs::write(&blob, &bytes).unwrap();
-        fs::set_permissions(&blob, Permissions::from_mode(0o644)).unwrap();
+        let mode = |f: &Path| fs::metadata(f).unwrap().mode() & 0o7777;
+        assert_eq!(mode(&old), 0o600);
+        assert_eq!(mode(&cut), 0o644);
+        // A blob this sled writes is synced and private from the start
+        // (vendor/sled/BERTH.md): a flush does not open it. Given a mode
+        // sled would never give, it keeps it, and it is kept by name.
+        let new = db.join("blobs/3");
+        fs::write(&new, blob(b"new")).unwrap();
+        fs::set_permissions(&new, Permissions::from_mode(0o640)).unwrap();
         files.sync().unwrap();
-        assert!(files.synced.lock().unwrap().in_blobs.is_empty());
-        assert_eq!(fs::metadata(&blob).unwrap().mode() & 0o7777, 0o644);
-        bytes.extend_from_slice(body);
-        fs::write(&blob, &bytes).unwrap();
-        files.sync().unwrap();
-        assert_eq!(fs::metadata(&blob).unwrap().mode() & 0o7777, 0o600);
-        assert!(
-            files
-                .synced
-                .lock()
-                .unwrap()
-                .in_blobs
-                .contains(&OsString::from("123"))
-        );
-        fs::remove_file(&blob).unwrap();
-        files.sync().unwrap();
-        assert!(files.synced.lock().unwrap().in_blobs.is_empty());
+        assert_eq!(mode(&new), 0o640, "a flush opened the blob");
+        assert!(db.join(KEPT_BLOBS).join("3").exists());
     }
 
     #[test]
@@ -659,7 +656,8 @@ mod tests {
         files.sync().unwrap();
         assert_eq!(listings(), quiet);
         // A new file in `db/` (sled's snapshot), then one in `db/blobs/`:
-        // each is found and synced (made private) at the next flush.
+        // each is found at the next flush, the snapshot synced (made
+        // private), the blob kept by name.
         let snap = db.join("snap.0000000000001234");
         fs::write(&snap, b"snapshot").unwrap();
         fs::set_permissions(&snap, Permissions::from_mode(0o644)).unwrap();
@@ -668,9 +666,8 @@ mod tests {
         assert_eq!(fs::metadata(&snap).unwrap().mode() & 0o7777, 0o600);
         let blob = db.join("blobs").join("77");
         fs::write(&blob, blob_bytes()).unwrap();
-        fs::set_permissions(&blob, Permissions::from_mode(0o644)).unwrap();
         files.sync().unwrap();
-        assert_eq!(fs::metadata(&blob).unwrap().mode() & 0o7777, 0o600);
+        assert_eq!(listings(), quiet + 2);
         assert!(
             db.join(KEPT_BLOBS).join("77").exists(),
             "kept under a second name"

@@ -69,8 +69,13 @@ pub(crate) fn write_blob<T: Serialize>(
     item: &T,
 ) -> Result<()> {
     let path = config.blob_path(id);
-    let mut f =
-        std::fs::OpenOptions::new().write(true).create_new(true).open(&path)?;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    // berth: a blob file is private (mode 0600) from its creation, as
+    // every file in a data dir, so berth's flush need not chmod it.
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut f = options.open(&path)?;
 
     let kind_buf = &[kind.into()];
 
