@@ -4,7 +4,10 @@
 //! written (and its key writes published) has finished. Concurrent
 //! committers share flushes (group commit): one of them leads and flushes
 //! everything published so far, the others wait for it, so N producers cost
-//! about one flush and fsync per round, not N.
+//! about one flush and fsync per round, not N. Before it flushes, the leader
+//! waits (at most [`GATHER`]) for the transactions under way, the ones the
+//! engine announced, and the committers the last flush released that are
+//! expected back (learned from the release before: see `State::returning`).
 //!
 //! `batched`: a commit returns once its record is written in sled's memory
 //! (and, with the write-ahead log, in its pending buffer); a background
@@ -48,12 +51,53 @@ struct State {
     /// ends): announcements older than
     /// [`GATHER`] are not waited for (one never taken cannot hold flushes).
     coming_at: Option<Instant>,
+    /// When the last flush ended (its committers were released).
+    released_at: Option<Instant>,
+    /// Transactions begun within [`GATHER`] of that.
+    begun_since_release: usize,
+    /// How many the next flush leader waits to see begin within [`GATHER`]
+    /// of the last release: as many as began within it after the release
+    /// before (at most as many as the last flush released). See
+    /// [`State::returning`].
+    expect_back: usize,
 }
 
 impl State {
     /// Whether a flush leader should wait for a transaction under way.
     fn under_way(&self, now: Instant) -> bool {
-        self.in_flight > 0 || self.coming_until(now).is_some()
+        self.in_flight > 0 || self.coming_until(now).is_some() || self.returning(now)
+    }
+
+    /// Whether committers a flush released are expected to begin again
+    /// before the next flush: producers that commit one after another
+    /// (each waits for its commit, then begins the next) come back within
+    /// [`GATHER`] of their release, while the next leader, released by an
+    /// earlier flush, is already waiting. Without waiting for them, N such
+    /// producers settle into two cohorts, each flush carrying half of them.
+    /// The expectation is learned, one release to the next, so committers
+    /// that do not come back (one-off clients) hold no flush: the number
+    /// begun within [`GATHER`] of a release is what the leader after the
+    /// next release waits for.
+    fn returning(&self, now: Instant) -> bool {
+        self.begun_since_release < self.expect_back
+            && self.released_at.is_some_and(|at| now < at + GATHER)
+    }
+
+    /// A transaction has begun.
+    fn begin(&mut self, now: Instant) {
+        self.in_flight += 1;
+        if self.released_at.is_some_and(|at| now < at + GATHER) {
+            self.begun_since_release += 1;
+        }
+    }
+
+    /// A flush that made `released` tickets durable has ended.
+    fn released(&mut self, released: u64, now: Instant) {
+        self.expect_back = self
+            .begun_since_release
+            .min(usize::try_from(released).unwrap_or(usize::MAX));
+        self.begun_since_release = 0;
+        self.released_at = Some(now);
     }
 
     /// Until when the announced transactions are waited for: None when
@@ -87,7 +131,7 @@ impl GroupCommit {
         self.state
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .in_flight += 1;
+            .begin(Instant::now());
     }
 
     /// Records that a begun transaction was dropped without writing.
@@ -192,7 +236,9 @@ impl GroupCommit {
                 st.flushes += 1;
                 st.flush_stats.record(took, result.is_ok());
                 if result.is_ok() {
+                    let released = target.saturating_sub(st.durable);
                     st.durable = st.durable.max(target);
+                    st.released(released, Instant::now());
                 }
                 self.flushed.notify_all();
                 result?;
@@ -330,6 +376,47 @@ mod tests {
         // leaves nothing behind.
         gc.arrived(usize::MAX);
         assert_eq!(gc.state.lock().unwrap().coming, 0);
+    }
+
+    #[test]
+    fn committers_that_came_back_after_a_release_are_waited_for_after_the_next() {
+        let t0 = Instant::now();
+        let mut st = State::default();
+        // The first release: nothing learned yet, nobody is waited for.
+        st.released(8, t0);
+        assert!(!st.returning(t0));
+        // Five of the eight begin again within GATHER, three after it.
+        for _ in 0..5 {
+            st.begin(t0 + GATHER / 2);
+        }
+        for _ in 0..3 {
+            st.begin(t0 + GATHER * 2);
+        }
+        // The next release: five are expected back, within GATHER of it.
+        let t1 = t0 + GATHER * 3;
+        st.released(8, t1);
+        assert!(st.returning(t1));
+        for _ in 0..4 {
+            st.begin(t1 + GATHER / 4);
+        }
+        assert!(st.returning(t1 + GATHER / 4), "one more is expected");
+        assert!(st.under_way(t1 + GATHER / 4) && st.in_flight == 12);
+        assert!(
+            !st.returning(t1 + GATHER),
+            "nobody is waited for past GATHER"
+        );
+        st.begin(t1 + GATHER / 4);
+        assert!(!st.returning(t1 + GATHER / 4), "all five are back");
+        // Never more than the last flush released.
+        let t2 = t1 + GATHER * 3;
+        st.released(2, t2);
+        assert_eq!(st.expect_back, 2);
+        // Committers that do not come back (one-off clients) hold no flush:
+        // a release after which nobody began teaches the next to expect none.
+        let t3 = t2 + GATHER * 3;
+        st.released(2, t3);
+        assert_eq!(st.expect_back, 0);
+        assert!(!st.returning(t3));
     }
 
     #[test]
