@@ -28,6 +28,14 @@ use serde_json::json;
 const RUN: Duration = Duration::from_millis(2500);
 /// Untimed warm-up before each run.
 const WARMUP: Duration = Duration::from_millis(300);
+/// Runs of 1 and of 8 producers, in alternation.
+const ROUNDS: usize = 3;
+
+/// The median of some figures (the upper one of an even count).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
 
 fn figure(name: &str, value: f64, unit: &str) {
     let v = if value >= 100.0 {
@@ -252,20 +260,41 @@ fn main() {
         figure("sled_raw_insert_flush", raw, "tasks/s");
         raw
     });
+    // 1 and 8 producers in alternation, ROUNDS times: the disk's latency
+    // drifts by twofold within minutes here, so each figure is the median
+    // of its runs, and `enqueue_sync_8_vs_1` the median of the ratios of
+    // runs made side by side.
+    let name = |n: usize| format!("enqueue_sync_{n}_producer{}", if n == 1 { "" } else { "s" });
     let mut by_n = Vec::new();
-    for n in [1usize, 8, 64] {
-        let name = format!("enqueue_sync_{n}_producer{}", if n == 1 { "" } else { "s" });
-        if !want(&name) {
-            continue;
+    let mut ratios = Vec::new();
+    let paired: Vec<usize> = [1, 8].into_iter().filter(|n| want(&name(*n))).collect();
+    let mut runs: Vec<Vec<(f64, f64)>> = vec![Vec::new(); paired.len()];
+    for _ in 0..ROUNDS {
+        for (i, n) in paired.iter().enumerate() {
+            runs[i].push(enqueue_sync(*n, true));
         }
-        let (rate, per_flush) = enqueue_sync(n, true);
-        figure(&name, rate, "tasks/s");
+        if let [one, eight] = &runs[..] {
+            ratios.push(eight[eight.len() - 1].0 / one[one.len() - 1].0);
+        }
+    }
+    for (n, runs) in paired.iter().zip(&runs) {
+        let rate = median(runs.iter().map(|r| r.0).collect());
+        figure(&name(*n), rate, "tasks/s");
         figure(
             &format!("enqueue_sync_{n}_commits_per_flush"),
-            per_flush,
+            median(runs.iter().map(|r| r.1).collect()),
             "commits",
         );
-        by_n.push((n, rate));
+        by_n.push((*n, rate));
+    }
+    if !ratios.is_empty() {
+        figure("enqueue_sync_8_vs_1", median(ratios), "x");
+    }
+    if want(&name(64)) {
+        let (rate, per_flush) = enqueue_sync(64, true);
+        figure(&name(64), rate, "tasks/s");
+        figure("enqueue_sync_64_commits_per_flush", per_flush, "commits");
+        by_n.push((64, rate));
     }
     // The same without berth's fsyncs (sled's sync_file_range, and its own
     // fdatasync at most once per 512 KiB of log before it may reuse log
@@ -295,12 +324,8 @@ fn main() {
     if let (Some(raw), Some(one)) = (raw, one) {
         figure("enqueue_sync_1_vs_raw", one / raw, "x");
     }
-    if let Some(one) = one {
-        for (n, rate) in &by_n {
-            if *n > 1 {
-                figure(&format!("enqueue_sync_{n}_vs_1"), rate / one, "x");
-            }
-        }
+    if let (Some(one), Some((_, rate))) = (one, by_n.iter().find(|(n, _)| *n == 64)) {
+        figure("enqueue_sync_64_vs_1", rate / one, "x");
     }
     if scale::NAMES.iter().any(|n| want(n)) {
         scale::run(&want);
