@@ -442,6 +442,15 @@ impl Log {
                         lsn, e
                     );
                     iobufs.config.set_global_error(e);
+                    // berth: wake the threads waiting in `make_stable`
+                    // for this buffer to become stable, as every other
+                    // path that sets the global error does. Without it a
+                    // flush waiting there (holding a read guard of the
+                    // concurrency control, so every batch waited behind
+                    // it) slept for ever.
+                    let intervals = iobufs.intervals.lock();
+                    drop(intervals);
+                    let _notified = iobufs.interval_updated.notify_all();
                 }
             })?;
 

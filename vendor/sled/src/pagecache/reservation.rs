@@ -22,6 +22,11 @@ impl<'a> Drop for Reservation<'a> {
         if !self.flushed {
             if let Err(e) = self.flush(false) {
                 self.log.config.set_global_error(e);
+                // berth: wake the threads waiting in `make_stable` (see
+                // `exit_reservation` in logger.rs).
+                let intervals = self.log.iobufs.intervals.lock();
+                drop(intervals);
+                let _notified = self.log.iobufs.interval_updated.notify_all();
             }
         }
     }
