@@ -203,7 +203,11 @@ fn serve_and_run(
     })
     .map_err(|e| match engine.store().failure() {
         Some(why) => exit_store_failed(&why),
-        None => CliError::runtime(format!("the engine stopped: {e}")),
+        None => {
+            // Logged now: closing the store (its final flush) comes after.
+            log::error!("the engine stopped: {e}");
+            CliError::runtime(format!("the engine stopped: {e}"))
+        }
     })
 }
 

@@ -531,6 +531,12 @@ impl Engine {
 
     fn run_loop(&self, until_idle: bool) -> Result<RunSummary, WriteError> {
         let r = self.loop_steps(until_idle);
+        // A step that met a sled error (a read, or a write outside the
+        // store's commit path) leaves sled untrusted: the store stops, so
+        // that the daemon exits 4 and nothing waits on sled again.
+        if let Err(WriteError::Database(e)) = &r {
+            self.store.sled_failed(e);
+        }
         self.ended();
         r
     }

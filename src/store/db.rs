@@ -235,6 +235,15 @@ impl Store {
         self.failed.reason()
     }
 
+    /// Marks the store failed after a sled error that reached a caller by
+    /// another way than the store's own write paths (which mark it
+    /// themselves): a sled that returned an error may never make progress
+    /// again (see `health`), so the store stops writing and is not flushed
+    /// when it closes.
+    pub(crate) fn sled_failed(&self, e: &sled::Error) {
+        self.failed.fail(&self.trees.main, e);
+    }
+
     /// Refuses a write to a failed or read-only store.
     pub(crate) fn check_writable(&self) -> Result<(), crate::store::WriteError> {
         use crate::store::WriteError;

@@ -361,12 +361,24 @@ impl Log {
             let blob_id =
                 if over_blob_threshold { Some(reservation_lsn) } else { None };
 
-            self.iobufs.encapsulate(
+            if let Err(e) = self.iobufs.encapsulate(
                 item,
                 message_header,
                 destination,
                 blob_id,
-            )?;
+            ) {
+                // berth: the buffer's space was claimed and its writer
+                // count raised, and no `Reservation` exists to give them
+                // back (writing the blob file failed: ENOSPC). The buffer
+                // can never be written, so no later flush could return:
+                // set the global error, and wake the flushes waiting, so
+                // that they and every later write fail at once instead.
+                self.config.set_global_error(e.clone());
+                let intervals = self.iobufs.intervals.lock();
+                drop(intervals);
+                let _notified = self.iobufs.interval_updated.notify_all();
+                return Err(e);
+            }
 
             M.log_reservation_success();
 
