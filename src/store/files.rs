@@ -456,22 +456,18 @@ fn blob_complete(f: &mut File) -> io::Result<bool> {
 
 /// Syncs (and makes private) every regular file in `dir` that is not in
 /// `synced` and that `complete` accepts, then the directory itself if there
-/// was one. `synced` becomes the names synced and still present. Returns
-/// every name `dir` held, and whether `complete` accepted every file it
-/// was asked about (a file it refused is tried again at the next listing).
+/// was one. `synced` becomes the names synced and still present (a file
+/// `complete` refused is left out, and tried again at the next call).
 fn sync_new_files(
     dir: &Path,
     synced: &mut BTreeSet<OsString>,
     complete: impl Fn(&mut File) -> io::Result<bool>,
-) -> io::Result<(BTreeSet<OsString>, bool)> {
-    let mut all = true;
+) -> io::Result<()> {
     let mut now = BTreeSet::new();
-    let mut listed = BTreeSet::new();
     let mut new = false;
     for entry in fs::read_dir(dir)? {
         let entry = entry?;
         let name = entry.file_name();
-        listed.insert(name.clone());
         if !synced.contains(&name) {
             let path = entry.path();
             let meta = match fs::symlink_metadata(&path) {
@@ -487,7 +483,6 @@ fn sync_new_files(
                     Err(e) => return Err(e),
                 };
                 if !complete(&mut f)? {
-                    all = false;
                     continue;
                 }
                 // A file removed after it was opened needs no sync. (A FUSE
@@ -511,7 +506,7 @@ fn sync_new_files(
         fsync_dir(dir)?;
     }
     *synced = now;
-    Ok((listed, all))
+    Ok(())
 }
 
 #[cfg(test)]
