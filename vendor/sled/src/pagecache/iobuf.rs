@@ -337,6 +337,18 @@ impl Drop for IoBufs {
 /// `IoBufs` is a set of lock-free buffers for coordinating
 /// writes to underlying storage.
 impl IoBufs {
+    /// berth: sets the global error and wakes the threads waiting in
+    /// `make_stable`, so that they return it instead of waiting for a
+    /// buffer that will never be written. Every path that sets the global
+    /// error must wake them; three of sled's did not.
+    pub(crate) fn fail(&self, e: Error) {
+        self.config.set_global_error(e);
+        // Holding the mutex linearizes this with a waiter's check of the
+        // global error.
+        drop(self.intervals.lock());
+        let _notified = self.interval_updated.notify_all();
+    }
+
     pub fn start(config: RunningConfig, snapshot: &Snapshot) -> Result<IoBufs> {
         let segment_cleaner = SegmentCleaner::default();
 

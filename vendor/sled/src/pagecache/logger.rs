@@ -373,10 +373,7 @@ impl Log {
                 // can never be written, so no later flush could return:
                 // set the global error, and wake the flushes waiting, so
                 // that they and every later write fail at once instead.
-                self.config.set_global_error(e.clone());
-                let intervals = self.iobufs.intervals.lock();
-                drop(intervals);
-                let _notified = self.iobufs.interval_updated.notify_all();
+                self.iobufs.fail(e.clone());
                 return Err(e);
             }
 
@@ -453,16 +450,12 @@ impl Log {
                         "hit error while writing iobuf with lsn {}: {:?}",
                         lsn, e
                     );
-                    iobufs.config.set_global_error(e);
-                    // berth: wake the threads waiting in `make_stable`
-                    // for this buffer to become stable, as every other
-                    // path that sets the global error does. Without it a
-                    // flush waiting there (holding a read guard of the
-                    // concurrency control, so every batch waited behind
-                    // it) slept for ever.
-                    let intervals = iobufs.intervals.lock();
-                    drop(intervals);
-                    let _notified = iobufs.interval_updated.notify_all();
+                    // berth: and wake the threads waiting in
+                    // `make_stable` for this buffer (`IoBufs::fail`): a
+                    // flush waiting there held a read guard of the
+                    // concurrency control, so every batch waited behind it,
+                    // for ever.
+                    iobufs.fail(e);
                 }
             })?;
 

@@ -21,12 +21,9 @@ impl<'a> Drop for Reservation<'a> {
         // We auto-abort if the user never uses a reservation.
         if !self.flushed {
             if let Err(e) = self.flush(false) {
-                self.log.config.set_global_error(e);
-                // berth: wake the threads waiting in `make_stable` (see
-                // `exit_reservation` in logger.rs).
-                let intervals = self.log.iobufs.intervals.lock();
-                drop(intervals);
-                let _notified = self.log.iobufs.interval_updated.notify_all();
+                // berth: and wake the threads waiting in `make_stable`
+                // (`IoBufs::fail`).
+                self.log.iobufs.fail(e);
             }
         }
     }
