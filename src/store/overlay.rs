@@ -335,16 +335,29 @@ fn split_key(writes: &Writes) -> Option<Vec<u8>> {
 }
 
 /// Writes the round's writes whose keys are in `range`, in key order.
+///
+/// The values go to sled as the `IVec`s the overlay holds (a reference
+/// count, not a copy), and the gate that lets sled's files be synced
+/// ([`Trees::writing`]) is taken once per [`GATE_KEYS`] keys, not per key.
 fn apply_range(
     trees: &Trees,
     writes: &Writes,
     range: (Bound<&[u8]>, Bound<&[u8]>),
 ) -> Result<(), sled::Error> {
-    for (k, v) in writes.range::<[u8], _>(range) {
-        trees.apply_one(k, v.as_deref())?;
+    let mut writes = writes.range::<[u8], _>(range).peekable();
+    while writes.peek().is_some() {
+        let _writing = trees.writing();
+        for (k, v) in writes.by_ref().take(GATE_KEYS) {
+            trees.write_one(k, v.clone())?;
+        }
     }
     Ok(())
 }
+
+/// Keys the applier writes under one hold of the sync gate: few enough
+/// that a sled checkpoint waiting for the gate waits for a few hundred
+/// microseconds of inserts at most.
+const GATE_KEYS: usize = 32;
 
 /// The applier's second thread. A large round is split at its middle key:
 /// the helper writes the upper half while the applier writes the lower
@@ -487,14 +500,15 @@ impl Trees {
     /// records with it; the applier does the same for the overlay's snapshot).
     pub fn apply_writes(&self, writes: &[KeyWrite]) -> Result<(), sled::Error> {
         for w in writes {
-            self.apply_one(&w.key, w.value.as_deref())?;
+            let _writing = self.writing();
+            self.write_one(&w.key, w.value.as_deref().map(IVec::from))?;
         }
         Ok(())
     }
 
-    fn apply_one(&self, key: &[u8], value: Option<&[u8]>) -> Result<(), sled::Error> {
+    /// Writes one key; the caller holds [`Trees::writing`].
+    fn write_one(&self, key: &[u8], value: Option<IVec>) -> Result<(), sled::Error> {
         let tree = self.for_key(key);
-        let _writing = self.writing();
         match value {
             Some(v) => tree.insert(key, v)?,
             None => tree.remove(key)?,
