@@ -457,7 +457,8 @@ fn lower_priority() {
 ///
 /// `quiet` is the gate that lets sled's files be synced while nothing
 /// writes to sled: every write to the trees after open holds it shared (a
-/// key at a time, see [`Trees::writing`]), and the sled flusher holds it
+/// key, or the applier's [`GATE_KEYS`] keys, at a time, see
+/// [`Trees::writing`]), and the sled flusher holds it
 /// alone while it flushes sled and syncs its files (`db.rs`
 /// `checkpoint_sled`), so that the syncs capture a state sled finished
 /// writing (sled 0.34 writes its buffers on several threads, out of order).
