@@ -239,9 +239,13 @@ impl Server {
     pub fn bind_with(data_dir: &Path, limits: Limits) -> std::io::Result<(Server, UnixListener)> {
         let path = socket_path(data_dir);
         let _ = std::fs::remove_file(&path);
-        // Created private (umask 077) so nobody can connect before the chmod.
+        // Created with its final mode (umask 177: 0600), so that nobody else
+        // can connect before the chmod, and a client that connects at once
+        // (the kernel queues connections from the bind on) never sees
+        // another mode. The chmod stays for systems whose sockets ignore
+        // the umask.
         // SAFETY: umask(2) only swaps the process's file mode mask.
-        let old = unsafe { libc::umask(0o077) };
+        let old = unsafe { libc::umask(0o177) };
         let bound = UnixListener::bind(&path);
         unsafe { libc::umask(old) };
         let listener = bound?;
