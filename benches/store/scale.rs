@@ -17,14 +17,12 @@
 //!   20, and `enqueue_batch_1m_flatness_after_first` (x), last / second:
 //!   the first 100,000 go faster than the rest whatever the size of the
 //!   tree, because their key writes wait in the store's overlay (up to
-//!   200,000 pending keys, `overlay::MAX_PENDING`) and the applier thread
-//!   writes them to sled during the later batches. From then on the
-//!   applier sets the pace, in rounds: a batch that finds 200,000 key
-//!   writes pending waits for the round under way to end (0.3-0.55 s here,
-//!   against about 0.09 s for a batch), about once every 20 batches, so a
-//!   window of 10 batches that holds such a wait runs about a fifth slower
-//!   than one that does not. That, not the size of the tree, is most of the
-//!   spread of `enqueue_batch_1m_flatness` from run to run;
+//!   100,000 not yet written, `overlay::MAX_PENDING`) and the applier
+//!   threads write them to sled during the later batches. From then on the
+//!   applier sets the pace: a batch waits until it has written enough of
+//!   its round (before, a batch that found the overlay full waited for the
+//!   whole round to end: 0.36-0.63 s for the slowest batch of a run,
+//!   against 0.13-0.18 s since, and about 0.09 s for most batches);
 //! - `data_dir_1m_mib`: the data dir's size on disk (allocated blocks, as
 //!   `du` counts them), after the store is closed;
 //! - `open_1m_live_s`, `open_1m_live_rss_mib`: a fresh child process (this
