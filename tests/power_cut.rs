@@ -189,7 +189,26 @@ fn a_store_held_open_survives_a_power_cut() {
     signal(&child, libc::SIGKILL);
     let _ = child.wait();
     fs.unmount();
+    keep_if_asked(&fs.root.join("data"), &acked);
     check_survivors(&fs.root.join("data"), &acked);
+}
+
+/// `BERTH_POWER_CUT_KEEP=DIR`: copies what survived the cut to DIR (which
+/// must not exist) before it is checked, and prints the acknowledged ids,
+/// so that a rare failure can be looked at after the test removed its
+/// mount (a loop of runs then keeps the last one).
+fn keep_if_asked(data: &Path, acked: &[u64]) {
+    let Some(keep) = std::env::var_os("BERTH_POWER_CUT_KEEP") else {
+        return;
+    };
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(data)
+        .arg(&keep)
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(copied, "copying {} to {:?}", data.display(), keep);
+    eprintln!("power cut: kept what survived in {keep:?}; acknowledged: {acked:?}");
 }
 
 /// Starts the child on the LazyFS mount and waits for its first
