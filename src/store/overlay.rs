@@ -40,7 +40,7 @@ const GATHER: std::time::Duration = std::time::Duration::from_millis(2);
 /// applier (backpressure). A commit waits until the round under way has
 /// written enough of its keys, not until it has ended (the round's map is
 /// dropped only then): with a bound of 200,000 and waits for a whole round,
-/// a batch of 10,000 tasks waited 0.3-0.55 s about once every 20 batches
+/// a batch of 10,000 tasks waited 0.36-0.63 s about once every 20 batches
 /// of a million-task enqueue, against 0.09 s for the others. The memory
 /// held is at most about twice this: the round's map, and the commits made
 /// while it is written.
