@@ -165,11 +165,16 @@ impl Overlay {
     /// Waits while too many key writes are not yet in the tree (called
     /// before a commit inserts its record).
     pub fn wait_for_room(&self) {
+        let full = |st: &State| self.unwritten(st) > MAX_PENDING && !st.failed && !st.stop;
         let mut st = self.lock();
-        // Counted before the check, so that an applier that writes after
-        // the check sees a waiter and wakes it ([`Overlay::wrote`]).
+        if !full(&st) {
+            return;
+        }
+        // Counted before the check that precedes each wait, so that an
+        // applier that writes after that check sees a waiter and wakes it
+        // ([`Overlay::wrote`]).
         self.room_waiters.fetch_add(1, Ordering::SeqCst);
-        while self.unwritten(&st) > MAX_PENDING && !st.failed && !st.stop {
+        while full(&st) {
             st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
         }
         self.room_waiters.fetch_sub(1, Ordering::SeqCst);
