@@ -24,6 +24,7 @@ case "$BERTH_TASK_NAME" in
   repeat) if [ "$BERTH_ATTEMPT" -lt 2 ]; then exit 75; fi; echo '"again"' ;;
   grace) sleep 0.5; echo '"done"' ;;
   hang) echo $$ > "hang.pid"; exec sleep 30 ;;
+  hangr) echo "$BERTH_RESULT" > "hang.result"; echo $$ > "hang.pid"; exec sleep 30 ;;
   fds) printf '"%s"' "$(ls -l /proc/$$/fd | awk '{print $NF}' | tr '\n' ' ')" ;;
 esac
 "#;
@@ -253,4 +254,51 @@ fn a_handler_dies_with_a_killed_daemon() {
     d.signal(libc::SIGKILL);
     d.wait_exit(Duration::from_secs(20));
     wait_for("the handler to die with the daemon", || !alive(pid));
+}
+
+/// A daemon killed in the middle of an attempt cannot remove the attempt's
+/// result file; the next daemon to start removes it.
+#[test]
+fn a_killed_daemons_result_file_is_removed_by_the_next_daemon() {
+    let root = tempdir();
+    // A timeout the attempt cannot reach before it is killed.
+    let cfg = write_root(
+        root.path(),
+        HANDLER,
+        "data_dir = \"data\"\n[handlers.Sh]\ncommand = [\"./hook.sh\"]\ntimeout = \"5m\"\n",
+    );
+    let tmp = root.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let in_tmp = |c: &mut Command| {
+        c.env("TMPDIR", &tmp);
+    };
+    let data = root.path().join("data");
+    let mut d = Daemon::start_with(&cfg, &data, &[], in_tmp);
+    enqueue(&d.dir, "hangr");
+    let (pidfile, named) = (
+        root.path().join("hang.pid"),
+        root.path().join("hang.result"),
+    );
+    wait_for("the handler's pid", || read_pid(&pidfile).is_some());
+    let result = PathBuf::from(std::fs::read_to_string(&named).unwrap().trim());
+    assert!(result.starts_with(&tmp), "{}", result.display());
+    d.signal(libc::SIGKILL);
+    d.wait_exit(Duration::from_secs(20));
+    assert!(result.exists(), "a killed daemon leaves its result file");
+    std::fs::remove_file(&named).unwrap();
+    let mut again = Daemon::start_with(&cfg, &data, &[], in_tmp);
+    assert!(
+        !result.exists(),
+        "the next daemon removed {}",
+        result.display()
+    );
+    again.wait_log("removed 1 result file(s)");
+    // The task runs again, with a result file of the new daemon's.
+    wait_for("the second attempt's result file", || {
+        std::fs::read_to_string(&named).is_ok_and(|t| t.ends_with('\n'))
+    });
+    let second = std::fs::read_to_string(&named).unwrap();
+    assert_ne!(second.trim(), result.to_string_lossy(), "a fresh file");
+    again.signal(libc::SIGKILL);
+    again.wait_exit(Duration::from_secs(20));
 }

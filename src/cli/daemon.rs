@@ -43,6 +43,13 @@ pub fn run(a: RunArgs, s: &Session) -> Result<(), CliError> {
         enqueue_at_start(&engine, &f, specs)?;
     }
     install_signals(&engine)?;
+    let swept = berth::engine::result_file::sweep(&std::env::temp_dir());
+    if swept > 0 {
+        log::info!(
+            "removed {swept} result file(s) in {} left by processes that no longer run",
+            std::env::temp_dir().display()
+        );
+    }
     log::info!(
         "berth running on {} (node {}, {} parallel queues, {} workers)",
         config.data_dir.display(),

@@ -658,10 +658,10 @@ impl Handler for CommandHandler {
     fn run(&self, ctx: &TaskContext) -> Outcome {
         let stdin = serde_json::to_vec(&ctx.payload).unwrap_or_default();
         // A fresh private file (0600, in the temp dir) per attempt, removed
-        // when the attempt is over; only its path is kept open. Without a
-        // usable temp dir the command runs without one.
-        let result_file = match tempfile::Builder::new().prefix("berth-result-").tempfile() {
-            Ok(f) => Some(f.into_temp_path()),
+        // when the attempt is over (see `result_file`); only its path is
+        // kept. Without a usable temp dir the command runs without one.
+        let result_file = match crate::engine::result_file::create() {
+            Ok(f) => Some(f),
             Err(e) => {
                 log::warn!(
                     "task {}: cannot create a result file ({e}); {RESULT_ENV} is not set",

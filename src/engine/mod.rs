@@ -14,6 +14,7 @@ mod expire;
 pub mod handler;
 pub mod live;
 pub mod pool;
+pub mod result_file;
 pub mod scheduler;
 pub mod status;
 

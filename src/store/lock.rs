@@ -149,7 +149,7 @@ fn read_holder(file: &mut File) -> Holder {
 }
 
 /// Whether process `pid` exists (signal 0 checks without sending).
-fn alive(pid: u32) -> bool {
+pub(crate) fn alive(pid: u32) -> bool {
     let Ok(pid) = libc::pid_t::try_from(pid) else {
         return false;
     };
