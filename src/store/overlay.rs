@@ -523,7 +523,7 @@ fn lower_priority() {
 ///
 /// `quiet` is the gate that lets sled's files be synced while nothing
 /// writes to sled: every write to the trees after open holds it shared (a
-/// key, or the applier's [`GATE_KEYS`] keys, at a time, see
+/// key, or [`GATE_KEYS`] keys of the applier or of a re-applied record, at a time, see
 /// [`Trees::writing`]), and the sled flusher holds it
 /// alone while it flushes sled and syncs its files (`db.rs`
 /// `checkpoint_sled`), so that the syncs capture a state sled finished
@@ -566,9 +566,11 @@ impl Trees {
     /// Makes a commit record's key writes in the trees (open re-applies
     /// records with it; the applier does the same for the overlay's snapshot).
     pub fn apply_writes(&self, writes: &[KeyWrite]) -> Result<(), sled::Error> {
-        for w in writes {
+        for chunk in writes.chunks(GATE_KEYS) {
             let _writing = self.writing();
-            self.write_one(&w.key, w.value.as_deref().map(IVec::from))?;
+            for w in chunk {
+                self.write_one(&w.key, w.value.as_deref().map(IVec::from))?;
+            }
         }
         Ok(())
     }
