@@ -187,8 +187,9 @@ fn a_store_held_open_survives_a_power_cut() {
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 // The child ended on its own: a commit failed (its error is
                 // on stderr above; on LazyFS that has been ENOENT from
-                // sled's writes, once in about 370 runs). What it
-                // acknowledged before that must survive the cut all the same.
+                // sled's writes, twice in about 2,500 runs, and LazyFS
+                // dying, once). What it acknowledged before that must
+                // survive the cut all the same.
                 let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
                 eprintln!(
                     "the child ended after {} acknowledged tasks ({status}); \
