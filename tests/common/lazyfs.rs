@@ -63,11 +63,21 @@ impl LazyFs {
         if !Path::new("/dev/fuse").exists() {
             return Err("/dev/fuse is missing".into());
         }
+        // No '-' in the name: LazyFS takes a config path that contains "-o"
+        // (in any case) for an option, ignores it and aborts on a missing
+        // `config/default.toml`, which a random suffix after '-' made
+        // happen in about 1 mount in 30.
         let tmp = tempfile::Builder::new()
-            .prefix("berth-lazyfs-")
+            .prefix("berth_lazyfs_")
             .tempdir()
             .expect("tempdir");
         let base = tmp.path().to_path_buf();
+        if base.to_string_lossy().to_lowercase().contains("-o") {
+            return Err(format!(
+                "LazyFS would take its config path for an option ({} has \"-o\" in it: set TMPDIR)",
+                base.display()
+            ));
+        }
         let (mnt, root) = (base.join("mnt"), base.join("root"));
         std::fs::create_dir(&mnt).expect("mnt");
         std::fs::create_dir(&root).expect("root");
