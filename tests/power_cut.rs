@@ -154,12 +154,12 @@ fn a_store_held_open_survives_a_power_cut() {
     let Some(mut fs) = mount_or_skip() else {
         return;
     };
-    // LazyFS, not berth: on a fresh mount, a first open now and then (11
-    // runs in 320 with the write-ahead log on, 1 in 134 without) fails with
-    // ENOENT creating a file in the folder the same open has just made (a
-    // normal file system cannot do that), and once in about 1,050 runs it
-    // did so on the next fresh mount too. Nothing was acknowledged, so
-    // nothing is at stake: up to [`FIRST_OPENS`] tries, each on a fresh mount.
+    // LazyFS, not berth: on a fresh mount, a first open now and then (1 run
+    // in 134 in one series, 7 in 228 in another) fails with ENOENT, which
+    // LazyFS's `lfs_truncate` returns from a variable it never set (`int
+    // res;`, when the file is in its cache): the `ftruncate` before
+    // `berth.dir` is written. Nothing was acknowledged, so nothing is at
+    // stake: up to [`FIRST_OPENS`] tries, each on a fresh mount.
     let mut tries = 1;
     let (mut child, ids, first) = loop {
         match start_producing(&fs) {
