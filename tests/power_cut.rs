@@ -292,7 +292,7 @@ fn a_daemon_survives_a_power_cut() {
         std::fs::create_dir(fs.mnt.join("db")).expect("db on LazyFS");
         let _ = std::fs::remove_file(data.join("db"));
         std::os::unix::fs::symlink(fs.mnt.join("db"), data.join("db")).expect("symlink");
-        match start_daemon(&config, &data) {
+        match Daemon::try_start_with(&config, &data, &[], |_| {}) {
             Ok(daemon) => break (fs, daemon),
             Err(why) if tries < FIRST_OPENS => {
                 eprintln!("the daemon's first open failed on LazyFS ({why}); once more");
@@ -358,24 +358,6 @@ fn a_daemon_survives_a_power_cut() {
     std::fs::remove_file(data.join("db")).expect("symlink");
     std::os::unix::fs::symlink(fs.root.join("db"), data.join("db")).expect("symlink");
     check_survivors(&data, &acked_now);
-}
-
-/// Starts the daemon and waits for its socket; an error (with its log) if
-/// it exits first.
-fn start_daemon(config: &Path, data: &Path) -> Result<Daemon, String> {
-    let mut daemon = Daemon::spawn_with(config, data, &[], |_| {});
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while std::os::unix::net::UnixStream::connect(daemon.socket()).is_err() {
-        if let Ok(Some(status)) = daemon.child.try_wait() {
-            return Err(format!("it exited ({status}): {}", daemon.log_text()));
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the daemon's socket did not answer within a minute"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    Ok(daemon)
 }
 
 /// Waits until the clients have [`ACKS`] acknowledged enqueues, or the

@@ -39,11 +39,25 @@ impl Daemon {
         extra: &[&str],
         setup: impl FnOnce(&mut Command),
     ) -> Daemon {
+        Daemon::try_start_with(config, dir, extra, setup).unwrap_or_else(|why| panic!("{why}"))
+    }
+
+    /// [`Daemon::start_with`], but a daemon that exits before its socket
+    /// answers is an error (with its log), not a panic.
+    pub fn try_start_with(
+        config: &Path,
+        dir: &Path,
+        extra: &[&str],
+        setup: impl FnOnce(&mut Command),
+    ) -> Result<Daemon, String> {
         let mut d = Daemon::spawn_with(config, dir, extra, setup);
         let start = Instant::now();
         while UnixStream::connect(d.socket()).is_err() {
             if let Ok(Some(status)) = d.child.try_wait() {
-                panic!("the daemon exited at start ({status}):\n{}", d.log_text());
+                return Err(format!(
+                    "the daemon exited at start ({status}):\n{}",
+                    d.log_text()
+                ));
             }
             assert!(
                 start.elapsed() < PATIENCE,
@@ -51,7 +65,7 @@ impl Daemon {
             );
             std::thread::sleep(Duration::from_millis(2));
         }
-        d
+        Ok(d)
     }
 
     /// Starts it, with `setup` adjusting the command first, without waiting
