@@ -13,7 +13,9 @@
 //!   does not validate, its payload does not fit, or its record is over
 //!   the budget;
 //! - a batch whose every entry is fine on its own stages, with one id per
-//!   single task and group, in queue order.
+//!   single task and group, in queue order: new ids rising, and a run that
+//!   reports an earlier run's id only where it could merge into it (same
+//!   queue, size, kinds and compaction keys).
 
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
@@ -149,10 +151,39 @@ pub fn batch(data: &[u8]) {
             }
             let runs = groups::plan_indices(&specs);
             assert_eq!(ids.len(), runs.len(), "one id per single task and group");
-            assert!(
-                ids.windows(2).all(|w| w[0] < w[1]),
-                "ids in queue order: {ids:?}"
-            );
+            // A run whose entries all have compaction keys may merge into
+            // an earlier run of the batch (README, "Compaction": within one
+            // batch, a later entry merges into an earlier one) and report
+            // its id again; every other run adds a task, with a new id
+            // above every id before it.
+            let mut newest = 0;
+            for (k, (run, &id)) in runs.iter().zip(&ids).enumerate() {
+                if id > newest {
+                    newest = id;
+                    continue;
+                }
+                let earlier = ids[..k].iter().position(|&e| e == id);
+                let Some(e) = earlier else {
+                    panic!("run {k} has id {id}, new but not above {newest}: {ids:?}");
+                };
+                let keyed = |r: &[usize]| r.iter().all(|&i| specs[i].compaction_key.is_some());
+                assert!(
+                    keyed(run) && keyed(&runs[e]),
+                    "run {k} reports run {e}'s id {id} without compaction keys: {ids:?}"
+                );
+                let (a, b) = (&specs[runs[e][0]], &specs[run[0]]);
+                assert!(
+                    a.queue == b.queue && run.len() == runs[e].len(),
+                    "run {k} merged into run {e} of another queue or size: {ids:?}"
+                );
+                for (&i, &j) in runs[e].iter().zip(run) {
+                    assert!(
+                        specs[i].kind == specs[j].kind
+                            && specs[i].compaction_key == specs[j].compaction_key,
+                        "entry {j} merged into entry {i} of another kind or key"
+                    );
+                }
+            }
         }
         Err(EnqueueError::Invalid {
             entry: Some(entry),
