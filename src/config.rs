@@ -662,9 +662,10 @@ impl Ctx<'_> {
         budget: &Budget,
     ) -> Result<BTreeMap<String, CommandHandler>, ConfigError> {
         if raw.handlers.is_empty() {
+            // No line to point at: the error names the key that is missing.
             return Err(self.err_at(
                 None,
-                None,
+                Some("handlers"),
                 "no [handlers.KIND] table: a daemon would have nothing to run tasks with",
             ));
         }
@@ -818,6 +819,16 @@ env = { HELM_NAMESPACE = "d8" }
             e.to_string(),
             "/etc/berth/berth.toml:2: key handlers.Run.command: the command must not be empty"
         );
+        // Nothing to point at for a table that is missing: the key is named.
+        for text in ["", "node = \"edge-1\"\n"] {
+            let e = parse(text).unwrap_err();
+            assert_eq!(e.line, None);
+            assert_eq!(
+                e.to_string(),
+                "/etc/berth/berth.toml: key handlers: no [handlers.KIND] table: a daemon would \
+                 have nothing to run tasks with"
+            );
+        }
     }
 
     /// Each case: the config text, and the start of its error after the file name.

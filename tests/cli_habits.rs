@@ -319,7 +319,10 @@ fn a_config_that_cannot_work_is_refused_with_its_file_line_and_key() {
             "durability = \"batched\"\nflush_interval = \"0ms\"\n[handlers.K]\ncommand = [\"true\"]\n",
             ":2: key flush_interval: must be more than 0",
         ),
-        ("node = \"edge-1\"\n", "no [handlers.KIND] table"),
+        (
+            "node = \"edge-1\"\n",
+            ": key handlers: no [handlers.KIND] table",
+        ),
         (
             "parallel_queues = \"ten\"\n[handlers.K]\ncommand = [\"true\"]\n",
             ":1: key parallel_queues: invalid type",
