@@ -126,13 +126,48 @@ pub fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(a)
 }
 
+/// What `path` is when it exists and is not a regular file ("a symbolic
+/// link", "a character device", ...): a rename over it would replace it.
+pub fn not_a_regular_file(path: &std::path::Path) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt;
+    let t = std::fs::symlink_metadata(path).ok()?.file_type();
+    Some(if t.is_file() {
+        return None;
+    } else if t.is_symlink() {
+        "a symbolic link"
+    } else if t.is_dir() {
+        "a folder"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    })
+}
+
 /// Writes `bytes` to `path` so that no reader (and no crash) ever sees a
 /// part of it: a temporary file `.NAME.tmp` in the same folder with `mode`,
 /// fsync, rename over `path`, fsync of the folder. On an error the
-/// temporary file is removed.
+/// temporary file is removed. A `path` that exists and is not a regular
+/// file (a device such as `/dev/null`, a FIFO, a symbolic link) is refused
+/// (`InvalidInput`): the rename would replace it with a file.
 pub fn write_atomic(path: &std::path::Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    if let Some(what) = not_a_regular_file(path) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "{} is {what}, not a regular file to replace",
+                path.display()
+            ),
+        ));
+    }
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => std::path::Path::new("."),
@@ -164,6 +199,24 @@ pub fn write_atomic(path: &std::path::Path, bytes: &[u8], mode: u32) -> std::io:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_atomic_write_replaces_a_regular_file_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"old").unwrap();
+        write_atomic(&file, b"new", 0o600).unwrap();
+        assert_eq!(std::fs::read(&file).unwrap(), b"new");
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        let e = write_atomic(&link, b"over", 0o600).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+        assert!(e.to_string().contains("is a symbolic link"), "{e}");
+        assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
+        assert_eq!(std::fs::read(&file).unwrap(), b"new");
+        let e = write_atomic(std::path::Path::new("/dev/null"), b"over", 0o600).unwrap_err();
+        assert!(e.to_string().contains("is a character device"), "{e}");
+    }
 
     #[test]
     fn packed_records_split_back_and_cut_ones_are_refused() {

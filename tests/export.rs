@@ -378,6 +378,61 @@ fn standard_output_and_input_and_the_selection_filters() {
     assert!(stderr(&o).contains("the folder /nonexistent/folder does not exist"));
 }
 
+/// `-o` never replaces what is not a regular file (a device such as
+/// /dev/null, a FIFO, a symbolic link: the export renames its new file over
+/// the old one), and a path that is not UTF-8 is refused, not a panic.
+#[test]
+fn an_export_replaces_only_a_regular_file_and_takes_only_a_utf8_path() {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::FileTypeExt;
+    let root = tempdir();
+    let a = root.path().join("a");
+    common::enqueue_id(&a, &["--queue", "main", "--kind", "K", "--name", "one"]);
+    let fifo = root.path().join("fifo");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success());
+    let target = write(root.path(), "target", b"keep");
+    let link = root.path().join("link");
+    std::os::unix::fs::symlink(&target, &link).expect("symlink");
+    for (path, what) in [(&fifo, "a FIFO"), (&link, "a symbolic link")] {
+        let o = berth(&a, &["export", "-o", path.to_str().expect("utf-8")]);
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains(&format!(
+                "is {what}; an export replaces only a regular file"
+            )),
+            "{}",
+            stderr(&o)
+        );
+    }
+    let kind = |p: &Path| std::fs::symlink_metadata(p).expect("stat").file_type();
+    assert!(kind(&fifo).is_fifo(), "the FIFO is left as it was");
+    assert!(kind(&link).is_symlink(), "the link is left as it was");
+    assert_eq!(std::fs::read(&target).expect("read"), b"keep");
+    // No temporary file is left beside them.
+    let names: Vec<_> = std::fs::read_dir(root.path())
+        .expect("list")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert_eq!(names.len(), 4, "nothing else was written: {names:?}");
+
+    let bad = root.path().join(std::ffi::OsStr::from_bytes(b"x\xff.bex"));
+    let o = Command::new(common::berth_bin())
+        .arg("--data-dir")
+        .arg(&a)
+        .args(["export", "-o"])
+        .arg(&bad)
+        .output()
+        .expect("run berth");
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("the path is not valid UTF-8"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!bad.exists(), "nothing was written");
+}
+
 /// Writes `bytes` to `name` under `dir`; returns its path.
 fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
     let p = dir.join(name);

@@ -365,6 +365,13 @@ fn export(s: &Session, a: ExportArgs) -> Result<(), CliError> {
         Some(t) => t.path().join("export.bex"),
         None => absolute(&a.output)?,
     };
+    // The request names the file as text, to a daemon too.
+    if path.to_str().is_none() {
+        return Err(CliError::input(format!(
+            "-o {}: the path is not valid UTF-8",
+            a.output.display()
+        )));
+    }
     let v = s.run(Request::Export {
         path: path.clone(),
         queues: sel.queues,

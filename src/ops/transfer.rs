@@ -78,7 +78,7 @@ fn summary(export: &Export, bytes: usize, path: &Path) -> Value {
         "queues": export.queues.len(),
         "groups": export.groups(),
         "bytes": bytes,
-        "path": path,
+        "path": path.to_string_lossy(),
     })
 }
 
@@ -120,6 +120,11 @@ fn check_output(store: &Store, path: &Path) -> Result<(), OpError> {
     if !path.is_absolute() {
         return bad("the export file's path must be absolute".into());
     }
+    if path.to_str().is_none() {
+        return bad(
+            "the export file's path is not valid UTF-8 (requests name files as text)".into(),
+        );
+    }
     let Some(folder) = path.parent().filter(|_| path.file_name().is_some()) else {
         return bad("names no file".into());
     };
@@ -128,6 +133,12 @@ fn check_output(store: &Store, path: &Path) -> Result<(), OpError> {
     };
     if path.is_dir() {
         return bad("is a folder".into());
+    }
+    if let Some(what) = frame::not_a_regular_file(path) {
+        return bad(format!(
+            "is {what}; an export replaces only a regular file (it writes a new file and renames \
+             it over the old one)"
+        ));
     }
     if let Ok(dir) = store.dir().canonicalize()
         && folder.starts_with(&dir)
