@@ -82,6 +82,35 @@ fn watch_goes_on_while_a_daemon_starts_and_stops() {
     watch.wait().expect("wait");
 }
 
+/// `queue list --watch | head -1`: once the pipe's reader has gone, the
+/// watch ends (exit 0) instead of redrawing into it for ever.
+#[test]
+fn watch_ends_when_its_reader_goes() {
+    use std::io::BufRead;
+    let root = tempdir();
+    let dir = root.path().join("data");
+    common::enqueue_id(&dir, &["--queue", "main", "--kind", "K", "--name", "a"]);
+    let mut watch = Command::new(common::berth_bin())
+        .arg("--data-dir")
+        .arg(&dir)
+        .args(["queue", "list", "--watch", "--interval", "50ms"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("watch");
+    let mut first = String::new();
+    std::io::BufReader::new(watch.stdout.take().expect("stdout"))
+        .read_line(&mut first)
+        .expect("a line");
+    assert!(first.starts_with("# "), "a frame's time line: {first:?}");
+    // The reader (and the pipe) is dropped here.
+    wait_for("the watch to end", || {
+        watch.try_wait().expect("try_wait").is_some()
+    });
+    let o = watch.wait_with_output().expect("wait");
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+}
+
 #[test]
 fn every_command_takes_the_config_and_standard_input() {
     let root = tempdir();
@@ -363,6 +392,51 @@ fn a_config_that_cannot_work_is_refused_with_its_file_line_and_key() {
         .expect("berth");
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).starts_with("ok: "), "{}", stdout(&o));
+    // It checks the data dir `berth run` would use: `--data-dir` and
+    // `BERTH_DATA_DIR` win over the config's, also for a backup folder
+    // that would be inside it.
+    let other = root.path().join("other");
+    std::fs::create_dir_all(other.join("backups")).expect("backup folder");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[handlers.K]\ncommand = [\"true\"]\n[backup]\npath = \"{}\"\nevery = \"1h\"\n",
+            other.join("backups").display()
+        ),
+    )
+    .expect("config");
+    let check = |env: bool| {
+        let mut c = Command::new(common::berth_bin());
+        c.arg("--config").arg(&cfg);
+        if env {
+            c.env("BERTH_DATA_DIR", &other);
+        } else {
+            c.arg("--data-dir").arg(&other);
+        }
+        c.arg("check")
+            .env_remove("BERTH_CONFIG")
+            .output()
+            .expect("berth")
+    };
+    for env in [false, true] {
+        let o = check(env);
+        assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
+        assert!(
+            stderr(&o).contains(&format!("is inside the data dir {}", other.display())),
+            "{}",
+            stderr(&o)
+        );
+    }
+    std::fs::write(&cfg, "[handlers.K]\ncommand = [\"true\"]\n").expect("config");
+    for env in [false, true] {
+        let o = check(env);
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert!(
+            stdout(&o).contains(&format!("data dir {},", other.display())),
+            "{}",
+            stdout(&o)
+        );
+    }
 }
 
 #[test]

@@ -171,7 +171,8 @@ pub(super) fn time_flag(flag: &str, t: Option<&str>, now: u64) -> Result<Option<
         .map_err(|e| CliError::input(format!("--{flag}: {e}")))
 }
 
-/// `queue list --watch`: redraws every `interval` until interrupted. On a
+/// `queue list --watch`: redraws every `interval` until interrupted, or
+/// until the reader of its pipe has gone. On a
 /// terminal it clears the screen first; into a pipe it writes plain frames
 /// (text: each after a `# TIME` line; JSON: one line each). A daemon that
 /// starts or stops meanwhile changes nothing but where the answer comes
@@ -191,7 +192,9 @@ fn watch_queues(
             (false, Format::Text) => format!("# {}\n{frame}\n", units::format_time(now_ms())),
             (false, Format::Json) => frame,
         };
-        out(&text)?;
+        if !super::out_open(&text)? {
+            return Ok(());
+        }
         std::thread::sleep(interval);
     }
 }
@@ -266,10 +269,13 @@ fn metrics(s: &Session, output: Format) -> Result<(), CliError> {
 /// `berth check`: the config was loaded (and so checked) with the session;
 /// says what it found.
 fn check(s: &Session) -> Result<(), CliError> {
-    let c = s
+    let mut c = s
         .config
-        .as_ref()
+        .clone()
         .ok_or_else(|| CliError::input("berth check needs --config FILE (or BERTH_CONFIG)"))?;
+    // As `berth run` would: `--data-dir` or `BERTH_DATA_DIR` wins.
+    c.data_dir = s.dir.clone();
+    super::daemon::check_backup_folder(&c)?;
     let kinds: Vec<&str> = c.handlers.keys().map(String::as_str).collect();
     out(&format!(
         "ok: {}: data dir {}, node {}, {} parallel queues, {} handler(s): {}\n",

@@ -63,7 +63,7 @@ pub fn run(a: RunArgs, s: &Session) -> Result<(), CliError> {
 
 /// A backup folder inside the data dir (which `--data-dir` may have
 /// moved) is refused before anything starts: an export never writes there.
-fn check_backup_folder(config: &Config) -> Result<(), CliError> {
+pub(super) fn check_backup_folder(config: &Config) -> Result<(), CliError> {
     let Some(b) = &config.backup else {
         return Ok(());
     };

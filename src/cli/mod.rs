@@ -72,15 +72,21 @@ impl From<berth::store::OpenError> for CliError {
 
 /// Prints to stdout; a closed pipe (`berth queue list | head`) is not an error.
 pub fn out(text: &str) -> Result<(), CliError> {
+    out_open(text).map(|_| ())
+}
+
+/// Prints to stdout; false when its reader has gone (a closed pipe), so
+/// that a command that would go on printing stops (`queue list --watch |
+/// head -1`).
+pub fn out_open(text: &str) -> Result<bool, CliError> {
     let mut stdout = std::io::stdout().lock();
     match stdout
         .write_all(text.as_bytes())
         .and_then(|_| stdout.flush())
     {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
-            Err(CliError::runtime(format!("writing to stdout: {e}")))
-        }
-        _ => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
+        Err(e) => Err(CliError::runtime(format!("writing to stdout: {e}"))),
+        Ok(()) => Ok(true),
     }
 }
 
