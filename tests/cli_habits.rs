@@ -439,6 +439,69 @@ fn a_config_that_cannot_work_is_refused_with_its_file_line_and_key() {
     }
 }
 
+/// `run --enqueue FILE` checks every entry before the data dir is opened:
+/// a kind without a handler, a field too long, a payload over the budget
+/// exit 2 and create nothing.
+#[test]
+fn a_bad_entry_of_run_enqueue_creates_nothing() {
+    let root = tempdir();
+    let cfg = write_root(
+        root.path(),
+        HOOK,
+        // `true`: an entry let through by mistake ends at once, not hangs.
+        "[handlers.K]\ncommand = [\"true\"]\n[budget]\nmax_object = \"64KiB\"\n",
+    );
+    let dir = root.path().join("data");
+    let long = "n".repeat(513);
+    // 200 KiB of letters that gzip cannot bring under 64 KiB.
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let big: String = (0..200 << 10)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            char::from(b'a' + (x % 26) as u8)
+        })
+        .collect();
+    for (entry, says) in [
+        (
+            r#"{"queue":"main","kind":"Nope","name":"x"}"#.to_string(),
+            "no handler for kind 'Nope'",
+        ),
+        (
+            format!(r#"{{"queue":"main","kind":"K","name":"{long}"}}"#),
+            "field name",
+        ),
+        (
+            format!(r#"{{"queue":"main","kind":"K","name":"x","payload":"{big}"}}"#),
+            "field payload",
+        ),
+    ] {
+        let file = root.path().join("start.json");
+        std::fs::write(
+            &file,
+            format!(r#"[{{"queue":"main","kind":"K","name":"ok"}}, {entry}]"#),
+        )
+        .expect("batch");
+        let o = Command::new(common::berth_bin())
+            .arg("--config")
+            .arg(&cfg)
+            .arg("--data-dir")
+            .arg(&dir)
+            .args(["run", "--until-idle", "--enqueue"])
+            .arg(&file)
+            .output()
+            .expect("berth");
+        assert_eq!(o.status.code(), Some(2), "{entry}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("entry 2 of 2") && stderr(&o).contains(says),
+            "{entry}: {}",
+            stderr(&o)
+        );
+        assert!(!dir.exists(), "{entry}: the data dir was created");
+    }
+}
+
 #[test]
 fn an_enqueue_of_a_kind_without_a_handler_is_refused_up_front() {
     let root = tempdir();

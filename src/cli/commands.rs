@@ -70,18 +70,28 @@ fn print_ids(ids: &[u64]) -> Result<(), CliError> {
     out(&ids.iter().map(|id| format!("{id}\n")).collect::<String>())
 }
 
+/// Reads a batch file and checks every entry (its spec, its payload
+/// against `budget`, its kind against `kinds` when a config gives them), so
+/// that a bad file is refused before anything is sent or opened.
+pub(super) fn read_batch(
+    file: &std::path::Path,
+    budget: &berth::budget::Budget,
+    kinds: Option<&[String]>,
+) -> Result<Vec<TaskSpec>, CliError> {
+    let source = format!("batch file {}: ", file.display());
+    let text = read_file(file, "batch file")?;
+    let tasks = submit::parse_batch(&text).map_err(|e| CliError::input(format!("{source}{e}")))?;
+    submit::check(&tasks, budget).map_err(|e| CliError::from(OpError::from(e).context(&source)))?;
+    Ctx::direct(None, kinds)
+        .check_kinds(&tasks)
+        .map_err(|e| e.context(&source))?;
+    Ok(tasks)
+}
+
 fn enqueue(s: &Session, a: EnqueueArgs) -> Result<(), CliError> {
     if let Some(batch) = a.batch {
         let source = format!("batch file {}: ", batch.display());
-        let text = read_file(&batch, "batch file")?;
-        let tasks =
-            submit::parse_batch(&text).map_err(|e| CliError::input(format!("{source}{e}")))?;
-        // Refused here, before anything is sent or opened.
-        submit::check(&tasks, &s.budget)
-            .map_err(|e| CliError::from(OpError::from(e).context(&source)))?;
-        Ctx::direct(None, s.kinds().as_deref())
-            .check_kinds(&tasks)
-            .map_err(|e| e.context(&source))?;
+        let tasks = read_batch(&batch, &s.budget, s.kinds().as_deref())?;
         let ids = s
             .run(Request::EnqueueBatch { tasks })
             .map_err(|e| e.context(&source))?;
@@ -119,7 +129,11 @@ fn enqueue(s: &Session, a: EnqueueArgs) -> Result<(), CliError> {
     if let Err(EnqueueError::Invalid { field, reason, .. }) =
         submit::check(std::slice::from_ref(&spec), &s.budget)
     {
-        return Err(CliError::input(format!("--{}: {reason}", flag_of(field))));
+        let flag = match flag_of(field) {
+            f if f == "payload" && a.payload_file.is_some() => "payload-file".to_string(),
+            f => f,
+        };
+        return Err(CliError::input(format!("--{flag}: {reason}")));
     }
     Ctx::direct(None, s.kinds().as_deref()).check_kinds(std::slice::from_ref(&spec))?;
     let req = Request::Enqueue {

@@ -17,13 +17,12 @@ use berth::engine::{Engine, Handlers, RunSummary};
 use berth::ops::{self, Ctx};
 use berth::retention::{PassReport, Retention};
 use berth::store::{Options, Role, Store};
-use berth::submit;
 use berth::task::TaskSpec;
 
+use super::CliError;
 use super::args::RunArgs;
 use super::notify::notify;
 use super::session::Session;
-use super::{CliError, read_file};
 
 /// Runs the daemon with the session's config, on the session's data dir
 /// (`--data-dir` or `BERTH_DATA_DIR` overrides the config's `data_dir`).
@@ -36,8 +35,17 @@ pub fn run(a: RunArgs, s: &Session) -> Result<(), CliError> {
         .ok_or_else(|| CliError::input("berth run needs --config FILE (or BERTH_CONFIG)"))?;
     config.data_dir = s.dir.clone();
     check_backup_folder(&config)?;
-    // Check the batch before touching the data dir.
-    let batch = a.enqueue.as_deref().map(read_batch).transpose()?;
+    // Check the batch (every entry, as `enqueue --batch` does) before
+    // touching the data dir.
+    let kinds: Vec<String> = config.handlers.keys().cloned().collect();
+    let batch = a
+        .enqueue
+        .as_deref()
+        .map(|f| {
+            super::commands::read_batch(f, &config.budget, Some(&kinds))
+                .map(|specs| (f.to_path_buf(), specs))
+        })
+        .transpose()?;
     let engine = start_engine(&config)?;
     if let Some((f, specs)) = batch {
         enqueue_at_start(&engine, &f, specs)?;
@@ -110,13 +118,6 @@ fn enqueue_at_start(engine: &Engine, f: &Path, specs: Vec<TaskSpec>) -> Result<(
         ids.len()
     );
     Ok(())
-}
-
-fn read_batch(f: &Path) -> Result<(PathBuf, Vec<TaskSpec>), CliError> {
-    let text = read_file(f, "batch file")?;
-    let specs = submit::parse_batch(&text)
-        .map_err(|e| CliError::input(format!("batch file {}: {e}", f.display())))?;
-    Ok((f.to_path_buf(), specs))
 }
 
 /// Opens the store as the daemon and builds the engine with a command
