@@ -342,11 +342,15 @@ impl Config {
     /// every handler's command (a path must be an executable file, a bare
     /// name must be found in `PATH`) and its `cwd` (a folder).
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-            path: path.to_path_buf(),
-            line: None,
-            message: format!("cannot read: {e}"),
-        })?;
+        // A config is a few KiB; 16 MiB is no config.
+        let text = std::fs::File::open(path)
+            .and_then(|f| crate::frame::read_capped(f, 16 << 20))
+            .and_then(|b| String::from_utf8(b).map_err(std::io::Error::other))
+            .map_err(|e| ConfigError {
+                path: path.to_path_buf(),
+                line: None,
+                message: format!("cannot read: {e}"),
+            })?;
         // Handlers run in their own cwd: paths must not depend on ours.
         let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
         Self::parse_with(&abs, &text, true)

@@ -126,6 +126,22 @@ pub fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(a)
 }
 
+/// Reads `r` to its end, refusing (`InvalidData`, before reading further)
+/// more than `max` bytes: a file named on a command line may be
+/// `/dev/zero`, or far larger than anything berth would take from it.
+pub fn read_capped(r: impl std::io::Read, max: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    r.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {}", crate::units::format_size(max)),
+        ));
+    }
+    Ok(bytes)
+}
+
 /// What `path` is when it exists and is not a regular file ("a symbolic
 /// link", "a character device", ...): a rename over it would replace it.
 pub fn not_a_regular_file(path: &std::path::Path) -> Option<&'static str> {
@@ -199,6 +215,17 @@ pub fn write_atomic(path: &std::path::Path, bytes: &[u8], mode: u32) -> std::io:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_capped_read_takes_up_to_its_cap_and_refuses_more() {
+        assert_eq!(read_capped(&b"abcd"[..], 4).unwrap(), b"abcd");
+        let e = read_capped(&b"abcde"[..], 4).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+        assert!(e.to_string().starts_with("larger than 4"), "{e}");
+        // An endless source is cut at the cap, not read to its end.
+        let zero = std::fs::File::open("/dev/zero").unwrap();
+        assert!(read_capped(zero, 1 << 20).is_err());
+    }
 
     #[test]
     fn an_atomic_write_replaces_a_regular_file_and_nothing_else() {

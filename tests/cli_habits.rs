@@ -439,6 +439,46 @@ fn a_config_that_cannot_work_is_refused_with_its_file_line_and_key() {
     }
 }
 
+/// A file named on the command line is read up to a size: `/dev/zero` as
+/// a config or a payload file is refused (exit 2), not read until the
+/// memory runs out.
+#[test]
+fn endless_files_are_refused_at_their_size_limit() {
+    let root = tempdir();
+    let dir = root.path().join("data");
+    let o = Command::new(common::berth_bin())
+        .args(["--config", "/dev/zero", "check"])
+        .output()
+        .expect("berth");
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("/dev/zero: cannot read: larger than 16 MiB"),
+        "{}",
+        stderr(&o)
+    );
+    let o = berth(
+        &dir,
+        &[
+            "enqueue",
+            "--queue",
+            "main",
+            "--kind",
+            "K",
+            "--name",
+            "z",
+            "--payload-file",
+            "/dev/zero",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("cannot read payload file /dev/zero: larger than 256 MiB"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!dir.exists(), "the data dir was created");
+}
+
 /// `run --enqueue FILE` checks every entry before the data dir is opened:
 /// a kind without a handler, a field too long, a payload over the budget
 /// exit 2 and create nothing.

@@ -79,7 +79,7 @@ pub(super) fn read_batch(
     kinds: Option<&[String]>,
 ) -> Result<Vec<TaskSpec>, CliError> {
     let source = format!("batch file {}: ", file.display());
-    let text = read_file(file, "batch file")?;
+    let text = read_file(file, "batch file", super::MAX_BATCH_FILE)?;
     let tasks = submit::parse_batch(&text).map_err(|e| CliError::input(format!("{source}{e}")))?;
     submit::check(&tasks, budget).map_err(|e| CliError::from(OpError::from(e).context(&source)))?;
     Ctx::direct(None, kinds)
@@ -101,7 +101,9 @@ fn enqueue(s: &Session, a: EnqueueArgs) -> Result<(), CliError> {
         (Some(p), _) => serde_json::from_str(p)
             .map_err(|e| CliError::input(format!("--payload is not valid JSON: {e}")))?,
         (None, Some(f)) => {
-            let text = read_file(f, "payload file")?;
+            // Room for a payload's whitespace: its JSON is stored compact.
+            let max = (s.budget.max_decompressed as u64).saturating_mul(4);
+            let text = read_file(f, "payload file", max)?;
             serde_json::from_str(&text).map_err(|e| {
                 CliError::input(format!(
                     "payload file {} is not valid JSON: {e}",
@@ -433,8 +435,7 @@ fn import(s: &Session, a: ImportArgs) -> Result<(), CliError> {
     };
     let (path, label) = match &tmp {
         Some(t) => {
-            let mut bytes = Vec::new();
-            std::io::Read::read_to_end(&mut std::io::stdin(), &mut bytes)
+            let bytes = berth::frame::read_capped(std::io::stdin(), berth::ops::MAX_EXPORT_FILE)
                 .map_err(|e| CliError::input(format!("cannot read standard input: {e}")))?;
             let path = t.path().join("import.bex");
             std::fs::write(&path, &bytes)

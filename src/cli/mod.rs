@@ -90,16 +90,22 @@ pub fn out_open(text: &str) -> Result<bool, CliError> {
     }
 }
 
-/// Reads a file named on the command line (a bad one is bad input).
-/// `-` is standard input.
-pub fn read_file(path: &Path, what: &str) -> Result<String, CliError> {
+/// Reads a text file named on the command line, of at most `max` bytes (a
+/// bad one is bad input). `-` is standard input.
+pub fn read_file(path: &Path, what: &str, max: u64) -> Result<String, CliError> {
     let read = if path.as_os_str() == "-" {
-        std::io::read_to_string(std::io::stdin())
+        berth::frame::read_capped(std::io::stdin(), max)
     } else {
-        std::fs::read_to_string(path)
+        std::fs::File::open(path).and_then(|f| berth::frame::read_capped(f, max))
     };
-    read.map_err(|e| CliError::input(format!("cannot read {what} {}: {e}", path.display())))
+    let bad = |e: &dyn std::fmt::Display| {
+        CliError::input(format!("cannot read {what} {}: {e}", path.display()))
+    };
+    String::from_utf8(read.map_err(|e| bad(&e))?).map_err(|_| bad(&"it is not UTF-8 text"))
 }
+
+/// The largest batch file a command reads.
+pub const MAX_BATCH_FILE: u64 = 1 << 30;
 
 /// Now, for showing ages: the system clock, or `BERTH_NOW` (RFC 3339 or
 /// milliseconds since the epoch) for reproducible output in tests and docs.

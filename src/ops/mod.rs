@@ -31,7 +31,9 @@ pub use list::{STATUS_WORDS, TaskFilter, glob, task_list};
 pub use metrics::metrics;
 pub use replay::{LOG_PAGE, log_page, replay};
 pub use tasks::{enqueue, enqueue_batch, queue_list, task_remove, task_retry, task_show};
-pub use transfer::{INTERRUPTED_BY_EXPORT, Selection, check_import, export, import, read_export};
+pub use transfer::{
+    INTERRUPTED_BY_EXPORT, MAX_EXPORT_FILE, Selection, check_import, export, import, read_export,
+};
 
 /// What kind of failure an operation met; it decides the exit code and the
 /// socket's `code` (README.md, "Exit codes").

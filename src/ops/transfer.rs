@@ -287,11 +287,17 @@ fn fetch(
     Ok(())
 }
 
+/// The largest export file `import` reads: its records are at most
+/// `transfer::MAX_RAW_BYTES` once inflated, and compression never adds more
+/// than a little.
+pub const MAX_EXPORT_FILE: u64 = transfer::MAX_RAW_BYTES + (64 << 20);
+
 /// Reads and checks an export file's format; errors name it (`name`) and
 /// are bad input.
 pub fn read_export(path: &Path, name: &str) -> Result<Export, OpError> {
-    let bytes =
-        std::fs::read(path).map_err(|e| OpError::input(format!("cannot read {name}: {e}")))?;
+    let bytes = std::fs::File::open(path)
+        .and_then(|f| frame::read_capped(f, MAX_EXPORT_FILE))
+        .map_err(|e| OpError::input(format!("cannot read {name}: {e}")))?;
     transfer::decode(&bytes).map_err(|e| OpError::input(format!("{name}: {e}")))
 }
 
