@@ -420,11 +420,10 @@ fn a_config_that_cannot_work_is_refused_with_its_file_line_and_key() {
     };
     for env in [false, true] {
         let o = check(env);
-        assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
-        assert!(
-            stderr(&o).contains(&format!("is inside the data dir {}", other.display())),
-            "{}",
-            stderr(&o)
+        common::assert_refused(
+            &o,
+            2,
+            &format!("is inside the data dir {}", other.display()),
         );
     }
     std::fs::write(&cfg, "[handlers.K]\ncommand = [\"true\"]\n").expect("config");
@@ -450,12 +449,7 @@ fn endless_files_are_refused_at_their_size_limit() {
         .args(["--config", "/dev/zero", "check"])
         .output()
         .expect("berth");
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("/dev/zero: cannot read: larger than 16 MiB"),
-        "{}",
-        stderr(&o)
-    );
+    common::assert_refused(&o, 2, "/dev/zero: cannot read: larger than 16 MiB");
     let o = berth(
         &dir,
         &[
@@ -470,11 +464,10 @@ fn endless_files_are_refused_at_their_size_limit() {
             "/dev/zero",
         ],
     );
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("cannot read payload file /dev/zero: larger than 256 MiB"),
-        "{}",
-        stderr(&o)
+    common::assert_refused(
+        &o,
+        2,
+        "cannot read payload file /dev/zero: larger than 256 MiB",
     );
     assert!(!dir.exists(), "the data dir was created");
 }
@@ -532,12 +525,8 @@ fn a_bad_entry_of_run_enqueue_creates_nothing() {
             .arg(&file)
             .output()
             .expect("berth");
-        assert_eq!(o.status.code(), Some(2), "{entry}: {}", stderr(&o));
-        assert!(
-            stderr(&o).contains("entry 2 of 2") && stderr(&o).contains(says),
-            "{entry}: {}",
-            stderr(&o)
-        );
+        common::assert_refused(&o, 2, "entry 2 of 2");
+        common::assert_refused(&o, 2, says);
         assert!(!dir.exists(), "{entry}: the data dir was created");
     }
 }

@@ -396,14 +396,8 @@ fn an_export_replaces_only_a_regular_file_and_takes_only_a_utf8_path() {
     std::os::unix::fs::symlink(&target, &link).expect("symlink");
     for (path, what) in [(&fifo, "a FIFO"), (&link, "a symbolic link")] {
         let o = berth(&a, &["export", "-o", path.to_str().expect("utf-8")]);
-        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-        assert!(
-            stderr(&o).contains(&format!(
-                "is {what}; an export replaces only a regular file"
-            )),
-            "{}",
-            stderr(&o)
-        );
+        let says = format!("is {what}; an export replaces only a regular file");
+        common::assert_refused(&o, 2, &says);
     }
     let kind = |p: &Path| std::fs::symlink_metadata(p).expect("stat").file_type();
     assert!(kind(&fifo).is_fifo(), "the FIFO is left as it was");
@@ -424,12 +418,7 @@ fn an_export_replaces_only_a_regular_file_and_takes_only_a_utf8_path() {
         .arg(&bad)
         .output()
         .expect("run berth");
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("the path is not valid UTF-8"),
-        "{}",
-        stderr(&o)
-    );
+    common::assert_refused(&o, 2, "the path is not valid UTF-8");
     assert!(!bad.exists(), "nothing was written");
 }
 

@@ -104,6 +104,14 @@ pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// Asserts that a command was refused with exit `code` and an error that
+/// says `says` (its stderr shown when not).
+pub fn assert_refused(o: &Output, code: i32, says: &str) {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(code), "{err}");
+    assert!(err.contains(says), "expected {says:?} in: {err}");
+}
+
 /// Asserts two texts are equal, showing a line diff when they are not.
 pub fn assert_text_eq(actual: &str, expected: &str) {
     if actual == expected {
