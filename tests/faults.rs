@@ -357,16 +357,29 @@ fn copy_dir(from: &Path, to: &Path) {
     assert!(o.status.success());
 }
 
-/// The commands on a damaged copy: none panics or hangs; each either works
-/// or fails with a message that names the data dir.
+/// The tasks `populated` enqueues.
+const POPULATED: u64 = 3004;
+
+/// The commands on a damaged copy of `populated`: none panics or hangs;
+/// each either works on the whole state (every task that was acknowledged
+/// is there) or fails with a message that names the data dir. An older
+/// state is never shown as if it were the data dir's.
 fn check_damaged(dir: &Path, what: &str) -> Vec<String> {
     let mut errors = Vec::new();
     for args in [
-        vec!["queue", "list"],
+        vec!["queue", "list", "-o", "json"],
         vec!["verify"],
         vec!["enqueue", "--queue", "main", "--kind", "K", "--name", "x"],
     ] {
         let o = run(dir, &args);
+        if o.status.success() && args[0] == "queue" {
+            let listed: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
+            assert_eq!(
+                listed["summary"]["totalTasks"].as_u64(),
+                Some(POPULATED),
+                "{what}: queue list read a state without every acknowledged task"
+            );
+        }
         if !o.status.success() {
             let msg = stderr(&o);
             assert_eq!(o.status.code(), Some(1), "{what}: {args:?}: {msg}");
@@ -384,7 +397,20 @@ fn check_damaged(dir: &Path, what: &str) -> Vec<String> {
 fn a_damaged_database_gives_a_clear_error_and_never_a_panic() {
     let root = common::tempdir();
     let good = populated(root.path());
-    for cut in [0u64, 256 << 10, 512 << 10] {
+    let len = std::fs::metadata(good.join("db/db")).expect("db/db").len();
+    // Cut short anywhere: at the start, inside the log, or in its last
+    // commit (a batch of 3000 in pieces, which then reads as torn: without
+    // the high-water mark that older state opened as if it were whole).
+    let cuts = [
+        0u64,
+        256 << 10,
+        512 << 10,
+        len / 2,
+        len * 3 / 4,
+        len * 9 / 10,
+        len - 4096,
+    ];
+    for cut in cuts {
         let dir = root.path().join(format!("cut-{cut}"));
         copy_dir(&good, &dir);
         let f = std::fs::OpenOptions::new()
@@ -424,6 +450,146 @@ fn flip(path: &Path, at: u64) {
     let i = (at as usize).min(bytes.len() - 1);
     bytes[i] ^= 0x5a;
     std::fs::write(path, bytes).expect("write");
+}
+
+/// A daemon's run writes many commits after sled's last snapshot; a
+/// `db/db` cut short in them reads, for sled, as a log a crash ended early,
+/// and opened as the older state it was (tasks finished long ago waiting
+/// again, their ids given anew). Every cut is refused or reads the whole
+/// state, and the high-water mark is what refuses some of them.
+#[test]
+fn a_log_cut_short_after_a_daemon_ran_is_never_read_as_an_older_state() {
+    let root = common::tempdir();
+    let dir = root.path().join("data");
+    let cfg = root.path().join("berth.toml");
+    std::fs::write(
+        &cfg,
+        "data_dir = \"data\"\n[handlers.K]\ncommand = [\"true\"]\n",
+    )
+    .expect("config");
+    let batch: Vec<serde_json::Value> = (0..300)
+        .map(|i| serde_json::json!({"queue": "main", "kind": "K", "name": format!("t{i}")}))
+        .collect();
+    let file = root.path().join("batch.json");
+    std::fs::write(&file, serde_json::to_string(&batch).expect("json")).expect("batch");
+    let o = Command::new(common::berth_bin())
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .arg("--enqueue")
+        .arg(&file)
+        .arg("--until-idle")
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("berth run");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let finished = |d: &Path| {
+        let o = run(d, &["task", "list", "--status", "history", "-o", "json"]);
+        (o.status.success()).then(|| {
+            serde_json::from_str::<serde_json::Value>(&stdout(&o))
+                .expect("json")
+                .as_array()
+                .map_or(0, Vec::len)
+        })
+    };
+    assert_eq!(finished(&dir), Some(300));
+    let len = std::fs::metadata(dir.join("db/db")).expect("db/db").len();
+    let mut by_mark = 0;
+    for tenth in 1..10 {
+        let cut = len * tenth / 10;
+        let copy = root.path().join(format!("cut-{tenth}"));
+        copy_dir(&dir, &copy);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(copy.join("db/db"))
+            .and_then(|f| f.set_len(cut))
+            .expect("truncate");
+        match finished(&copy) {
+            Some(n) => assert_eq!(n, 300, "db/db cut to {cut} of {len} bytes read as older"),
+            None => {
+                let o = run(&copy, &["task", "list", "--status", "history"]);
+                assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+                by_mark += stderr(&o).contains("high-water mark") as usize;
+            }
+        }
+    }
+    assert!(
+        by_mark > 0,
+        "no cut was one that only the high-water mark refuses"
+    );
+}
+
+/// sled reads a database whose log was replaced by an older copy (or lost
+/// its end) as the older state; the high-water mark (`berth.high`) makes
+/// every command refuse it, and removing the mark is the way to open it as
+/// it is, on purpose.
+#[test]
+fn a_database_older_than_its_high_water_mark_is_refused_until_the_mark_is_removed() {
+    let root = common::tempdir();
+    let dir = root.path().join("data");
+    let enqueue = |name: &str| {
+        let o = run(
+            &dir,
+            &["enqueue", "--queue", "main", "--kind", "K", "--name", name],
+        );
+        assert!(o.status.success(), "{}", stderr(&o));
+        id_of(&o)
+    };
+    for i in 0..3 {
+        enqueue(&format!("early-{i}"));
+    }
+    let old = root.path().join("old-db");
+    copy_dir(&dir.join("db"), &old);
+    let later: Vec<u64> = (0..3).map(|i| enqueue(&format!("later-{i}"))).collect();
+    assert_eq!(later, [4, 5, 6]);
+    let mark = std::fs::read_to_string(dir.join("berth.high")).expect("berth.high");
+    assert!(mark.contains("next_event 7\nnext_id 7\n"), "{mark}");
+    std::fs::remove_dir_all(dir.join("db")).expect("rm db");
+    copy_dir(&old, &dir.join("db"));
+    // What the refusals may not change: all but the lock file (which says
+    // who holds it) and sled's snapshot file (which sled's open rewrites
+    // from its log: its own housekeeping, the same state).
+    let hashes = || {
+        let mut h = common::file_hashes(&dir);
+        h.retain(|(p, _)| !p.ends_with("berth.lock") && !p.contains("/db/snap."));
+        h
+    };
+    let before = hashes();
+    for args in [
+        vec!["queue", "list"],
+        vec!["verify"],
+        vec!["task", "show", "1"],
+        vec![
+            "enqueue", "--queue", "main", "--kind", "K", "--name", "again",
+        ],
+    ] {
+        let o = run(&dir, &args);
+        common::assert_refused(
+            &o,
+            1,
+            "its log ends at event 3 (next task id 4), but the data dir's high-water mark",
+        );
+        assert!(stderr(&o).contains("berth.high"), "{}", stderr(&o));
+    }
+    // The refusals wrote nothing (a read opens a private copy; the
+    // enqueue's open stopped before its first flush).
+    assert_eq!(hashes(), before);
+    // A mark that does not read back is refused too, saying so.
+    std::fs::write(
+        dir.join("berth.high"),
+        "berth high-water mark 1\nnext_event x\n",
+    )
+    .expect("w");
+    let o = run(&dir, &["queue", "list"]);
+    common::assert_refused(&o, 1, "its high-water mark");
+    assert!(stderr(&o).contains("is not a number"), "{}", stderr(&o));
+    // Removed on purpose: the older state opens, and numbering goes on
+    // from it (the ids of the lost commits are given again).
+    std::fs::remove_file(dir.join("berth.high")).expect("rm mark");
+    assert_eq!(total_tasks(&dir), 3);
+    assert_eq!(enqueue("after"), 4);
+    let mark = std::fs::read_to_string(dir.join("berth.high")).expect("berth.high");
+    assert!(mark.contains("next_event 5\nnext_id 5\n"), "{mark}");
+    assert_verify_ok(&dir);
 }
 
 #[test]

@@ -77,6 +77,17 @@ fn power_child() {
     std::thread::scope(|s| {
         let store = &store;
         s.spawn(move || produce(store, 1));
+        // The high-water mark, written as often as it can be (a daemon does
+        // every 5 s): the cut must never leave it ahead of the database,
+        // or reopening would refuse the dir (`check_survivors` opens it).
+        s.spawn(move || {
+            loop {
+                if let Err(e) = store.save_high_mark() {
+                    eprintln!("writing the high-water mark: {e}");
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        });
         produce(store, 0)
     });
 }

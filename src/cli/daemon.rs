@@ -267,13 +267,20 @@ fn retention(engine: &Engine, r: &Retention, finished: mpsc::Receiver<()>) {
 /// How often the service thread looks at the stop flag and the clock.
 const SERVICE_TICK: Duration = Duration::from_millis(100);
 
+/// How often the service thread writes the data dir's high-water mark
+/// (`Store::save_high_mark`: when commits were made since the last one).
+/// Damage to sled's log that loses only the commits made since is not
+/// seen at the next open.
+const HIGH_MARK_EVERY: Duration = Duration::from_secs(5);
+
 /// The daemon's service thread, while the engine runs (until `finished`
 /// closes): tells the service manager `STOPPING=1` when a stop begins,
 /// pings its watchdog every half timeout while the engine's loop goes round
 /// (a loop stuck for longer than that is not pinged for, and systemd
 /// restarts the daemon), writes the metrics textfile every interval, and
 /// makes a backup every `[backup] every` (a failed one is logged and tried
-/// again at the next interval).
+/// again at the next interval), and writes the data dir's high-water mark
+/// every [`HIGH_MARK_EVERY`].
 /// At the end: one last textfile (which says the daemon no longer runs),
 /// and `STOPPING=1` if not said yet.
 fn service(engine: &Engine, config: &Config, finished: mpsc::Receiver<()>) {
@@ -284,6 +291,7 @@ fn service(engine: &Engine, config: &Config, finished: mpsc::Receiver<()>) {
     let mut written: Option<Instant> = None;
     let mut textfile = Textfile::new(config);
     let mut backups = Backups::new(config);
+    let mut marked = Instant::now();
     loop {
         // The engine's loop ends on a failed store, but a thread of its own
         // (the launcher, inside a flush) may never return from sled: the
@@ -311,6 +319,14 @@ fn service(engine: &Engine, config: &Config, finished: mpsc::Receiver<()>) {
         }
         if !stopping {
             backups.tick(engine);
+        }
+        if marked.elapsed() >= HIGH_MARK_EVERY {
+            if let Err(e) = engine.store().save_high_mark() {
+                log::warn!(
+                    "writing the data dir's high-water mark (tried again in {HIGH_MARK_EVERY:?}): {e}"
+                );
+            }
+            marked = Instant::now();
         }
         match finished.recv_timeout(SERVICE_TICK) {
             Err(mpsc::RecvTimeoutError::Timeout) => {}

@@ -145,6 +145,12 @@ pub struct Store {
     pub(super) sled_flusher: Option<(mpsc::Sender<()>, JoinHandle<()>)>,
     /// Opened to read: commits are refused, nothing in the data dir changes.
     pub(super) read_only: bool,
+    /// The data dir's high-water mark as last read or written (see
+    /// `high_mark`).
+    pub(super) high_mark: Mutex<Option<super::high_mark::Mark>>,
+    /// Whether this store writes high-water marks: it writes, and its
+    /// flushes are power-safe.
+    pub(super) marks: bool,
     /// `None` for a read-only open of a copy without a lock file.
     pub(super) _lock: Option<DirLock>,
     /// To read, sled works on this private copy of `db/`; it goes last, so
@@ -373,6 +379,41 @@ impl Store {
             self.commit.written()
         };
         self.commit.wait_durable(ticket, || self.flush_now())
+    }
+
+    /// Writes the data dir's high-water mark (see `high_mark`) for every
+    /// commit made so far, once they are durable; nothing when the mark
+    /// would not change, or the store writes none (opened to read, or not
+    /// power-safe), or has failed. Returns whether it wrote. A daemon calls
+    /// it every few seconds; a close writes it too.
+    pub fn save_high_mark(&self) -> std::io::Result<bool> {
+        self.write_high_mark(true)
+    }
+
+    /// [`Store::save_high_mark`]; without `wait` the caller has flushed
+    /// everything (a close).
+    fn write_high_mark(&self, wait: bool) -> std::io::Result<bool> {
+        if !self.marks || self.failed.is_failed() {
+            return Ok(false);
+        }
+        let (now, ticket) = {
+            let inner = self.lock_inner();
+            let now = super::high_mark::Mark {
+                next_event: inner.next_seq,
+                next_id: inner.next_id,
+            };
+            (now, self.commit.written())
+        };
+        let mut last = self.high_mark.lock().unwrap_or_else(|p| p.into_inner());
+        if *last == Some(now) {
+            return Ok(false);
+        }
+        if wait {
+            self.commit.wait_durable(ticket, || self.flush_now())?;
+        }
+        super::high_mark::write(&self.dir, &now)?;
+        *last = Some(now);
+        Ok(true)
     }
 
     pub fn dir(&self) -> &Path {
@@ -923,6 +964,14 @@ impl Drop for Store {
         };
         match flushed {
             Ok(()) => {
+                // Every commit is on disk now (nothing waits to be durable).
+                if let Err(e) = self.write_high_mark(false) {
+                    log::warn!(
+                        "{}: cannot write the high-water mark ({}): {e}",
+                        self.dir.display(),
+                        super::high_mark::FILE
+                    );
+                }
                 if let Some(wal) = &self.wal
                     && let Err(e) = wal.clear()
                 {

@@ -13,6 +13,7 @@ mod error;
 pub mod event;
 mod files;
 mod health;
+mod high_mark;
 pub mod keys;
 pub mod lock;
 mod open;

@@ -12,7 +12,8 @@
 //! 5. [`replay_wal`]: the commits the write-ahead log holds and sled lost
 //!    (a crash or a power cut before sled's own flush) put back into sled;
 //!    then [`reapply`]: every commit record after the applied mark, in
-//!    order; `next_id` and `next_seq` from the last one; then
+//!    order; `next_id` and `next_seq` from the last one, which must reach
+//!    the high-water mark ([`check_high_mark`], see `high_mark`); then
 //!    [`fold_queue_keys`]: a format-6 dir's `q` keys go into their tasks'
 //!    values. To write, sled is then flushed and the write-ahead log emptied.
 //! 6. [`scan_live`]: one pass over the live tasks for their queue positions
@@ -39,6 +40,7 @@ use crate::store::error::{CorruptRecord, OpenError, WriteError};
 use crate::store::event::{INTERRUPTED, KeyWrite};
 use crate::store::files::{self, DbFiles};
 use crate::store::health::Failed;
+use crate::store::high_mark::{self, Mark};
 use crate::store::keys::{self, COUNTER, HISTORY, QUEUE, TASK};
 use crate::store::lock::{DirLock, Holder, LockError, Role};
 use crate::store::order::{self, Order};
@@ -374,6 +376,46 @@ struct Replayed {
     last_record: u64,
     next_id: u64,
     next_seq: u64,
+}
+
+impl Replayed {
+    /// Where the database's state goes on, as a high-water mark says it.
+    fn found(&self) -> Mark {
+        Mark {
+            next_event: self.next_seq,
+            next_id: self.next_id,
+        }
+    }
+}
+
+/// Step 5's check: the re-applied database reaches the data dir's
+/// high-water mark (`mark`, read before anything else; see `high_mark`),
+/// or it is refused as damaged, and nothing it re-applied is flushed.
+/// Returns the mark.
+fn check_high_mark(
+    o: &Opening<'_>,
+    r: &Replayed,
+    mark: Result<Option<Mark>, String>,
+) -> Result<Option<Mark>, OpenError> {
+    let refused = |detail: String| {
+        o.failed.fail(o.tree, &detail);
+        OpenError::Damaged {
+            dir: o.dir.to_path_buf(),
+            detail,
+        }
+    };
+    let path = o.dir.join(high_mark::FILE);
+    match mark {
+        Ok(None) => Ok(None),
+        Ok(Some(m)) => high_mark::check(o.dir, r.found(), m)
+            .map(|()| Some(m))
+            .map_err(refused),
+        Err(why) => Err(refused(format!(
+            "its high-water mark {} is damaged: {why}; to open the data dir without that \
+             check, remove it",
+            path.display()
+        ))),
+    }
 }
 
 /// Step 5: applies again, in order, every commit record after the applied
@@ -716,6 +758,8 @@ struct Loaded {
     files: Arc<DbFiles>,
     /// To write: the write-ahead log, empty.
     wal: Option<Arc<Wal>>,
+    /// The high-water mark the data dir has now.
+    mark: Option<Mark>,
     replayed: Replayed,
     order: Order,
     counting: Counting,
@@ -846,6 +890,9 @@ impl Store {
         opts.budget.validate().map_err(OpenError::Options)?;
         prepare_dir(dir, &opts)?;
         let lock = lock_dir(dir, &opts)?;
+        // Before the copy below: the mark a running daemon writes later may
+        // cover commits the copy has not got (see `high_mark`).
+        let mark = high_mark::read(dir);
         // To read, sled opens a private copy: it writes when it opens (a
         // snapshot), and the data dir may be read-only.
         let copy = match opts.read_only {
@@ -882,6 +929,7 @@ impl Store {
             let mut corrupt = Vec::new();
             replay_wal(&o, &db)?;
             let replayed = reapply(&o, format, &mut corrupt)?;
+            let mut mark = check_high_mark(&o, &replayed, mark)?;
             // To read, in the private copy: the data dir stays as it is.
             fold_queue_keys(&o, opts.read_only, &mut corrupt)?;
             // To write: sled now holds every commit; the log starts empty.
@@ -894,6 +942,11 @@ impl Store {
                         .map_err(|e| o.io("opening the write-ahead log (db/wal)", e))?;
                     wal.clear()
                         .map_err(|e| o.io("emptying the write-ahead log (db/wal)", e))?;
+                    if opts.power_safe && mark != Some(replayed.found()) {
+                        high_mark::write(dir, &replayed.found())
+                            .map_err(|e| o.io("writing the high-water mark (berth.high)", e))?;
+                        mark = Some(replayed.found());
+                    }
                     opts.write_ahead_log.then(|| Arc::new(wal))
                 }
             };
@@ -912,6 +965,7 @@ impl Store {
             Ok(Loaded {
                 files,
                 wal,
+                mark,
                 replayed,
                 order,
                 counting,
@@ -967,6 +1021,7 @@ impl Store {
         let Loaded {
             files,
             wal,
+            mark,
             replayed,
             order,
             counting,
@@ -1032,6 +1087,8 @@ impl Store {
             wal,
             sled_flusher,
             read_only: opts.read_only,
+            high_mark: Mutex::new(mark),
+            marks: opts.power_safe && !opts.read_only,
             _lock: lock,
             read_copy: None,
         })
