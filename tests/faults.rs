@@ -592,6 +592,43 @@ fn a_database_older_than_its_high_water_mark_is_refused_until_the_mark_is_remove
     assert_verify_ok(&dir);
 }
 
+/// A running daemon keeps the mark up with its commits (every 5 s), not
+/// only at its stop: after a kill -9 the mark covers what it did, and the
+/// data dir opens.
+#[test]
+fn a_running_daemon_moves_the_high_water_mark_and_a_kill_9_leaves_it_behind_the_disk() {
+    let root = common::tempdir();
+    let cfg = write_config(root.path(), "");
+    let dir = root.path().join("data");
+    let mut d = Daemon::start(&cfg, &dir, &[]);
+    let read_mark = || std::fs::read_to_string(dir.join("berth.high")).unwrap_or_default();
+    let at_start = read_mark();
+    assert!(at_start.contains("next_id 1\n"), "{at_start}");
+    for i in 0..3 {
+        let o = run(
+            &dir,
+            &[
+                "enqueue",
+                "--queue",
+                "main",
+                "--kind",
+                "Big",
+                "--name",
+                &format!("t{i}"),
+            ],
+        );
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    common::wait_for("the daemon to write a mark past its three tasks", || {
+        read_mark().contains("next_id 4\n")
+    });
+    d.signal(libc::SIGKILL);
+    d.wait_exit(Duration::from_secs(10));
+    let o = run(&dir, &["task", "list", "-o", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_verify_ok(&dir);
+}
+
 #[test]
 fn a_daemon_restarted_right_after_a_kill_9_starts_while_clients_are_busy() {
     let root = common::tempdir();

@@ -292,6 +292,7 @@ fn service(engine: &Engine, config: &Config, finished: mpsc::Receiver<()>) {
     let mut textfile = Textfile::new(config);
     let mut backups = Backups::new(config);
     let mut marked = Instant::now();
+    let mut mark_failing = false;
     loop {
         // The engine's loop ends on a failed store, but a thread of its own
         // (the launcher, inside a flush) may never return from sled: the
@@ -321,10 +322,19 @@ fn service(engine: &Engine, config: &Config, finished: mpsc::Receiver<()>) {
             backups.tick(engine);
         }
         if marked.elapsed() >= HIGH_MARK_EVERY {
-            if let Err(e) = engine.store().save_high_mark() {
-                log::warn!(
-                    "writing the data dir's high-water mark (tried again in {HIGH_MARK_EVERY:?}): {e}"
-                );
+            match engine.store().save_high_mark() {
+                Err(e) if !mark_failing => {
+                    log::warn!(
+                        "writing the data dir's high-water mark (tried again every \
+                         {HIGH_MARK_EVERY:?}): {e}"
+                    );
+                    mark_failing = true;
+                }
+                Ok(_) if mark_failing => {
+                    log::info!("writing the data dir's high-water mark works again");
+                    mark_failing = false;
+                }
+                _ => {}
             }
             marked = Instant::now();
         }
