@@ -208,6 +208,23 @@ pub fn enqueue_batch(store: &Store, specs: Vec<TaskSpec>) -> Result<Vec<u64>, En
 pub fn parse_batch(text: &str) -> Result<Vec<TaskSpec>, String> {
     let doc: serde_json::Value =
         serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
+    // A `Value` keeps the last of two equal keys: an entry that says its
+    // name twice would be taken with the second, where the socket (and a
+    // spec read on its own) refuses it.
+    if let Some((entry, key)) = duplicate_key(text) {
+        let n = match &doc {
+            serde_json::Value::Array(a) => a.len(),
+            serde_json::Value::Object(o) => o
+                .get("tasks")
+                .and_then(|t| t.as_array())
+                .map_or(0, Vec::len),
+            _ => 0,
+        };
+        return Err(match entry {
+            Some(i) => format!("{}: duplicate field `{key}`", Entry::at(i, n)),
+            None => format!("duplicate field `{key}`"),
+        });
+    }
     let entries = match doc {
         serde_json::Value::Array(a) => a,
         serde_json::Value::Object(mut o) => {
@@ -240,4 +257,138 @@ pub fn parse_batch(text: &str) -> Result<Vec<TaskSpec>, String> {
             })
         })
         .collect()
+}
+
+/// The first key that a batch document's object, or one of its entries,
+/// holds twice: the entry's 0-based index (`None` for the document's own
+/// object) and the key. Payloads are not looked into: they are taken as
+/// JSON values everywhere, the last of two equal keys winning.
+fn duplicate_key(text: &str) -> Option<(Option<usize>, String)> {
+    use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+    use std::cell::RefCell;
+
+    /// What was found, set by the visitor that stops there.
+    type Found = RefCell<Option<(Option<usize>, String)>>;
+
+    /// A value at `depth` (0 the document, 1 `tasks` or an entry of an
+    /// array, ...); `entry` the entry it is in.
+    #[derive(Clone, Copy)]
+    struct Level<'f> {
+        depth: u8,
+        entry: Option<usize>,
+        in_tasks: bool,
+        found: &'f Found,
+    }
+
+    impl<'de> DeserializeSeed<'de> for Level<'_> {
+        type Value = ();
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Level<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("any JSON value")
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_str<E>(self, _: &str) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_unit<E>(self) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+            // Entries: the document's array, or its `tasks`.
+            let entries = self.depth == 0 || self.in_tasks;
+            let mut i = 0;
+            loop {
+                let more = match entries {
+                    true => seq.next_element_seed(Level {
+                        depth: self.depth + 1,
+                        entry: Some(i),
+                        in_tasks: false,
+                        ..self
+                    })?,
+                    false => seq.next_element::<IgnoredAny>()?.map(|_| ()),
+                };
+                if more.is_none() {
+                    return Ok(());
+                }
+                i += 1;
+            }
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            // The document's object, and each entry's: not deeper.
+            let checked = self.depth == 0 || self.entry.is_some() && !self.in_tasks;
+            let mut seen = std::collections::HashSet::new();
+            while let Some(key) = map.next_key::<String>()? {
+                if checked && !seen.insert(key.clone()) {
+                    *self.found.borrow_mut() = Some((self.entry, key));
+                    return Err(serde::de::Error::custom("a duplicate key"));
+                }
+                if self.depth == 0 && key == "tasks" {
+                    map.next_value_seed(Level {
+                        depth: 1,
+                        in_tasks: true,
+                        ..self
+                    })?;
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(())
+        }
+    }
+
+    let found: Found = RefCell::new(None);
+    let mut de = serde_json::Deserializer::from_str(text);
+    let level = Level {
+        depth: 0,
+        entry: None,
+        in_tasks: false,
+        found: &found,
+    };
+    let _ = level.deserialize(&mut de);
+    found.into_inner()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_twice_in_an_entry_or_the_document_is_refused_and_payloads_are_not_looked_into() {
+        let e = parse_batch(
+            r#"[{"queue":"main","kind":"K","name":"a"},
+                {"queue":"main","kind":"K","name":"b","name":"c"}]"#,
+        )
+        .unwrap_err();
+        assert_eq!(e, "entry 2 of 2: duplicate field `name`");
+        let e = parse_batch(r#"{"tasks":[{"queue":"main","queue":"x","kind":"K","name":"a"}]}"#)
+            .unwrap_err();
+        assert_eq!(e, "entry 1 of 1: duplicate field `queue`");
+        let e = parse_batch(r#"{"tasks":[],"tasks":[]}"#).unwrap_err();
+        assert_eq!(e, "duplicate field `tasks`");
+        // Inside a payload, and in different entries, a key may repeat.
+        let specs = parse_batch(
+            r#"[{"queue":"main","kind":"K","name":"a","payload":{"x":1,"x":2}},
+                {"queue":"main","kind":"K","name":"a","payload":[{"y":1,"y":1}]}]"#,
+        )
+        .unwrap();
+        assert_eq!(specs.len(), 2);
+        assert_eq!(specs[0].payload, serde_json::json!({"x": 2}));
+    }
 }

@@ -126,6 +126,7 @@ pub fn batch(data: &[u8]) {
                     "unknown field `",
                     "field `tasks` must be an array",
                     "missing field `tasks`",
+                    "duplicate field `",
                     "expected a JSON array of task specs",
                 ];
                 assert!(
