@@ -223,3 +223,35 @@ fn a_renumber_over_a_damaged_record_is_refused_whole() {
     let n = add(&s, "main", "tail", Placement::Last);
     assert_eq!(s.queue_ids("main").last(), Some(&n));
 }
+
+/// A running head keeps its place: `First` goes right behind it (behind
+/// every running task at the front), a place before it is refused, and the
+/// log records where the task went, so a replay agrees.
+#[test]
+fn first_goes_behind_a_running_head_and_before_it_is_refused() {
+    let dir = tempdir();
+    let clock = FakeClock::new(T0);
+    let s = open(dir.path(), &clock);
+    let a = add(&s, "main", "a", Placement::Last);
+    let b = add(&s, "main", "b", Placement::Last);
+    // Nothing runs: first is first.
+    let c = add(&s, "main", "c", Placement::First);
+    assert_eq!(s.queue_ids("main"), [c, a, b]);
+    let mut w = s.write();
+    w.start(c).unwrap();
+    w.commit().unwrap();
+    let d = add(&s, "main", "d", Placement::First);
+    assert_eq!(s.queue_ids("main"), [c, d, a, b]);
+    let e = submit::enqueue_one(&s, spec("main", "e"), Placement::Before(c)).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "task {c} is running; cannot place a task before it (a running task keeps its \
+             place at the head; --first puts a task right behind it)"
+        )
+    );
+    // Before a waiting task, as asked.
+    let f = add(&s, "main", "f", Placement::Before(d));
+    assert_eq!(s.queue_ids("main"), [c, f, d, a, b]);
+    assert_log_agrees(&s);
+}

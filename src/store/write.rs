@@ -351,6 +351,10 @@ impl<'s> WriteTxn<'s> {
             }));
         }
         let id = task.id;
+        let placement = match placement {
+            Some(p) => Some(self.around_running(&task.queue, p)?),
+            None => None,
+        };
         if let Some(p) = placement {
             self.place_in_order(&task.queue.clone(), id, p)?;
         }
@@ -376,12 +380,57 @@ impl<'s> WriteTxn<'s> {
     pub fn place(&mut self, id: u64, queue: &str, placement: Placement) -> Result<(), WriteError> {
         check_name("queue", queue).map_err(WriteError::Queue)?;
         self.live(id, "place it")?;
+        let placement = self.around_running(queue, placement)?;
         self.place_in_order(queue, id, placement)?;
         self.push_event(EventKind::Placed {
             id,
             queue: queue.to_string(),
             placement,
         })
+    }
+
+    /// Where `placement` puts a task in `queue`, given what runs there: a
+    /// running task keeps its place at the head (it is not taken back), so
+    /// `First` means right behind the running tasks at the front, and a
+    /// place before a running task is refused. The event records the
+    /// placement this returns, so a replay puts the task where it went.
+    fn around_running(
+        &mut self,
+        queue: &str,
+        placement: Placement,
+    ) -> Result<Placement, WriteError> {
+        let running = |txn: &mut Self, id: u64| -> Result<bool, WriteError> {
+            Ok(txn
+                .slot(id)?
+                .task
+                .as_ref()
+                .is_some_and(|t| t.status == Status::Running))
+        };
+        match placement {
+            Placement::First => {
+                let mut behind = None;
+                let mut next = self.inner().order.head(queue);
+                while let Some(id) = next {
+                    if !running(self, id)? {
+                        break;
+                    }
+                    behind = Some(id);
+                    next = self.inner().order.next_after(id);
+                }
+                Ok(behind.map_or(Placement::First, Placement::After))
+            }
+            Placement::Before(b)
+                if self.inner().order.queue_of(b) == Some(queue) && running(self, b)? =>
+            {
+                Err(WriteError::WrongState {
+                    id: b,
+                    state: "running".into(),
+                    op: "place a task before it (a running task keeps its place at the head; \
+                         --first puts a task right behind it)",
+                })
+            }
+            p => Ok(p),
+        }
     }
 
     /// Gives `id` a position in `queue` (its record, written by the event
@@ -552,6 +601,7 @@ impl<'s> WriteTxn<'s> {
             });
         }
         let queue = task.queue.clone();
+        let placement = self.around_running(&queue, placement)?;
         self.place_in_order(&queue, id, placement)?;
         self.push_event(EventKind::Retried { id, placement })?;
         self.slot(id)?.home = Home::Live;
