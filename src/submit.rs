@@ -180,13 +180,14 @@ pub fn stage_batch(
 }
 
 /// Checks specs as enqueueing them would, without a store: every rule and
-/// the size budget (one spec: `entry` None in errors; several: a batch).
-/// A command runs this before it sends or opens anything, so that a refused
-/// enqueue changes nothing and says the same with a daemon and without.
-pub fn check(specs: &[TaskSpec], budget: &Budget) -> Result<(), EnqueueError> {
+/// the size budget (errors name the entry of a `batch`, even of one entry,
+/// as `stage_batch` does; a single spec's none). A command runs this before
+/// it sends or opens anything, so that a refused enqueue changes nothing
+/// and says the same with a daemon and without.
+pub fn check(specs: &[TaskSpec], budget: &Budget, batch: bool) -> Result<(), EnqueueError> {
     let n = specs.len();
     for (i, spec) in specs.iter().enumerate() {
-        let entry = (n > 1).then(|| Entry::at(i, n));
+        let entry = batch.then(|| Entry::at(i, n));
         spec.clone()
             .into_task(0, budget)
             .map_err(|e| EnqueueError::from_build(entry, e))?;

@@ -130,6 +130,13 @@ fn batch_errors_name_the_entry_and_field_and_write_nothing() {
         "{}",
         stderr(&o)
     );
+    // A batch of one entry names it too, for every rule.
+    std::fs::write(&f, r#"[{"queue":"ma in","kind":"K","name":"b"}]"#).unwrap();
+    let o = berth(&d, &["enqueue", "--batch", f.to_str().unwrap()]);
+    common::assert_refused(&o, 2, "entry 1 of 1, field queue: queue 'ma in'");
+    std::fs::write(&f, r#"[{"queue":"main","kind":"K","name":"b","name":"c"}]"#).unwrap();
+    let o = berth(&d, &["enqueue", "--batch", f.to_str().unwrap()]);
+    common::assert_refused(&o, 2, "entry 1 of 1: duplicate field `name`");
     assert!(!d.exists() || stdout(&berth(&d, &["queue", "list"])).contains("no tasks to handle"));
     std::fs::write(
         &f,

@@ -445,6 +445,46 @@ fn a_damaged_database_gives_a_clear_error_and_never_a_panic() {
     check_damaged(&dir, "a byte flipped in a blob");
 }
 
+/// A data dir whose `db/` was deleted, or whose `db/conf` is garbage: every
+/// command names what is wrong in the data dir (not in the private copy a
+/// read works on, nor a failed copy).
+#[test]
+fn a_missing_db_folder_or_a_garbled_conf_is_named_by_every_command() {
+    let root = common::tempdir();
+    let good = root.path().join("good");
+    let o = run(
+        &good,
+        &["enqueue", "--queue", "main", "--kind", "K", "--name", "a"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let gone = root.path().join("gone");
+    copy_dir(&good, &gone);
+    std::fs::remove_dir_all(gone.join("db")).expect("rm db");
+    let garbled = root.path().join("garbled");
+    copy_dir(&good, &garbled);
+    std::fs::write(garbled.join("db/conf"), [0xffu8; 100]).expect("conf");
+    for args in [
+        vec!["queue", "list"],
+        vec!["verify"],
+        vec!["enqueue", "--queue", "main", "--kind", "K", "--name", "b"],
+    ] {
+        let o = run(&gone, &args);
+        let db = gone.join("db");
+        common::assert_refused(
+            &o,
+            1,
+            &format!("its database folder {} is missing", db.display()),
+        );
+        let o = run(&garbled, &args);
+        let conf = garbled.join("db/conf");
+        common::assert_refused(
+            &o,
+            1,
+            &format!("sled cannot read its settings file {}", conf.display()),
+        );
+    }
+}
+
 fn flip(path: &Path, at: u64) {
     let mut bytes = std::fs::read(path).expect("read");
     let i = (at as usize).min(bytes.len() - 1);

@@ -81,9 +81,10 @@ pub(super) fn read_batch(
     let source = format!("batch file {}: ", file.display());
     let text = read_file(file, "batch file", super::MAX_BATCH_FILE)?;
     let tasks = submit::parse_batch(&text).map_err(|e| CliError::input(format!("{source}{e}")))?;
-    submit::check(&tasks, budget).map_err(|e| CliError::from(OpError::from(e).context(&source)))?;
+    submit::check(&tasks, budget, true)
+        .map_err(|e| CliError::from(OpError::from(e).context(&source)))?;
     Ctx::direct(None, kinds)
-        .check_kinds(&tasks)
+        .check_kinds(&tasks, true)
         .map_err(|e| e.context(&source))?;
     Ok(tasks)
 }
@@ -129,7 +130,7 @@ fn enqueue(s: &Session, a: EnqueueArgs) -> Result<(), CliError> {
     // is sent or opened: a refused enqueue changes nothing, with a daemon or
     // without.
     if let Err(EnqueueError::Invalid { field, reason, .. }) =
-        submit::check(std::slice::from_ref(&spec), &s.budget)
+        submit::check(std::slice::from_ref(&spec), &s.budget, false)
     {
         let flag = match flag_of(field) {
             f if f == "payload" && a.payload_file.is_some() => "payload-file".to_string(),
@@ -137,7 +138,7 @@ fn enqueue(s: &Session, a: EnqueueArgs) -> Result<(), CliError> {
         };
         return Err(CliError::input(format!("--{flag}: {reason}")));
     }
-    Ctx::direct(None, s.kinds().as_deref()).check_kinds(std::slice::from_ref(&spec))?;
+    Ctx::direct(None, s.kinds().as_deref()).check_kinds(std::slice::from_ref(&spec), false)?;
     let req = Request::Enqueue {
         spec: Box::new(spec),
         first: a.first,

@@ -178,15 +178,15 @@ impl<'a> Ctx<'a> {
     }
 
     /// Refuses specs whose kind cannot run here (a batch names its entry).
-    pub fn check_kinds(&self, specs: &[TaskSpec]) -> Result<(), OpError> {
+    pub fn check_kinds(&self, specs: &[TaskSpec], batch: bool) -> Result<(), OpError> {
         let Some(kinds) = self.kinds else {
             return Ok(());
         };
         for (i, spec) in specs.iter().enumerate() {
             if !kinds.contains(&spec.kind) {
-                let entry = match specs.len() {
-                    1 => String::new(),
-                    n => format!("{}, ", crate::submit::Entry::at(i, n)),
+                let entry = match batch {
+                    false => String::new(),
+                    true => format!("{}, ", crate::submit::Entry::at(i, specs.len())),
                 };
                 return Err(OpError::input(format!(
                     "{entry}field kind: no handler for kind '{}' here (the kinds with a handler: {})",

@@ -23,7 +23,7 @@ fn store<'a>(ctx: &Ctx<'a>) -> Result<&'a Store, OpError> {
 /// Adds one task; returns its id once it is durable. (A running engine
 /// adds it itself, so that its loop wakes up.)
 pub fn enqueue(ctx: &Ctx<'_>, spec: TaskSpec, placement: Placement) -> Result<u64, OpError> {
-    ctx.check_kinds(std::slice::from_ref(&spec))?;
+    ctx.check_kinds(std::slice::from_ref(&spec), false)?;
     Ok(match ctx.engine {
         Some(engine) => engine.enqueue(spec, placement)?,
         None => submit::enqueue_one(store(ctx)?, spec, placement)?,
@@ -32,7 +32,7 @@ pub fn enqueue(ctx: &Ctx<'_>, spec: TaskSpec, placement: Placement) -> Result<u6
 
 /// Adds a batch, all or nothing; returns the ids that went into queues.
 pub fn enqueue_batch(ctx: &Ctx<'_>, specs: Vec<TaskSpec>) -> Result<Vec<u64>, OpError> {
-    ctx.check_kinds(&specs)?;
+    ctx.check_kinds(&specs, true)?;
     Ok(match ctx.engine {
         Some(engine) => engine.enqueue_batch(specs)?,
         None => submit::enqueue_batch(store(ctx)?, specs)?,

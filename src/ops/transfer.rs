@@ -359,7 +359,7 @@ pub fn check_import(
             .map_err(|err| OpError::input(format!("{at}{err}")))?;
         // A group parent never runs (its children do): its kind needs no handler.
         if t.children.is_empty() {
-            ctx.check_kinds(std::slice::from_ref(&spec))
+            ctx.check_kinds(std::slice::from_ref(&spec), false)
                 .map_err(|err| err.context(&at))?;
         }
         let size = codec::encode(t).len();

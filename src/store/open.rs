@@ -166,17 +166,13 @@ fn lock_dir(dir: &Path, opts: &Options) -> Result<Option<DirLock>, OpenError> {
 }
 
 /// Step 3: opens sled on `db` (the data dir's `db/`, or a copy of it) after
-/// checking what it would read: leftovers of an interrupted snapshot are
-/// removed, a database that the marker says existed but is now missing or
-/// empty is refused, and a damaged one (sled returns corruption, or panics)
-/// is an error that says what to do, never a panic. Errors name `dir`.
+/// checking what it would read (a database that the marker says existed
+/// but is now missing or empty was refused before, by `Store::open`, ahead
+/// of any copy): leftovers of an interrupted snapshot are removed, and a
+/// damaged database (sled returns corruption, cannot read its `conf`, or
+/// panics) is an error that says what to do, never a panic. Errors name
+/// `dir`.
 fn open_sled(dir: &Path, db: &Path, opts: &Options) -> Result<Trees, OpenError> {
-    if let Err(files::Damage::Lost(what)) = files::check_not_lost(dir) {
-        return Err(OpenError::Lost {
-            dir: dir.to_path_buf(),
-            what,
-        });
-    }
     for path in files::remove_leftovers(db) {
         log::warn!(
             "removed {}, left by a sled snapshot that was interrupted",
@@ -218,6 +214,12 @@ fn open_sled(dir: &Path, db: &Path, opts: &Options) -> Result<Trees, OpenError> 
         Ok(Err(e @ (sled::Error::Corruption { .. } | sled::Error::ReportableBug(_)))) => {
             Err(damaged(e.to_string()))
         }
+        // What sled 0.34 says of a `conf` it cannot parse: every berth has
+        // written its databases with sled 0.34, so the file is damaged.
+        Ok(Err(sled::Error::Unsupported(why))) => Err(damaged(format!(
+            "sled cannot read its settings file {}: {why}",
+            dir.join(files::DB).join("conf").display()
+        ))),
         Ok(Err(source)) => Err(OpenError::Database {
             dir: dir.to_path_buf(),
             source,
@@ -441,13 +443,19 @@ fn replay_wal(o: &Opening<'_>, db: &Path) -> Result<usize, OpenError> {
     }
     if let Some(why) = found.damage {
         // Acknowledged commits may be in or after it: refused, not guessed.
+        // To read, `db` is a private copy: the message names the data dir's.
+        let shown = o.dir.join(files::DB).join(wal::DIR);
+        let why = why.replace(
+            &db.join(wal::DIR).display().to_string(),
+            &shown.display().to_string(),
+        );
         return Err(OpenError::Damaged {
             dir: o.dir.to_path_buf(),
             detail: format!(
                 "its write-ahead log is damaged before its end: {why}; the commits from there \
                  on cannot be trusted (to open without them, move that segment and the ones \
                  after it out of {})",
-                db.join(wal::DIR).display()
+                shown.display()
             ),
         });
     }
@@ -893,6 +901,14 @@ impl Store {
         // Before the copy below: the mark a running daemon writes later may
         // cover commits the copy has not got (see `high_mark`).
         let mark = high_mark::read(dir);
+        // Before the copy too: a missing `db/` is a lost database, not a
+        // failed copy.
+        if let Err(files::Damage::Lost(what)) = files::check_not_lost(dir) {
+            return Err(OpenError::Lost {
+                dir: dir.to_path_buf(),
+                what,
+            });
+        }
         // To read, sled opens a private copy: it writes when it opens (a
         // snapshot), and the data dir may be read-only.
         let copy = match opts.read_only {
