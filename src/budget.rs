@@ -18,7 +18,7 @@ use flate2::Compression;
 use flate2::read::GzDecoder;
 use flate2::write::GzEncoder;
 
-use crate::units::format_size;
+use crate::units::{format_size, format_size_against};
 
 /// The three limits of the object size budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,7 +173,7 @@ impl std::fmt::Debug for Blob {
 /// Errors of the size budget.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum BudgetError {
-    #[error("task {what} is {}{}; the object budget is {}", format_size(*size as u64), if *compressed { " after compression" } else { "" }, format_size(*budget as u64))]
+    #[error("task {what} is {}{}; the object budget is {}", format_size_against(*size as u64, *budget as u64).0, if *compressed { " after compression" } else { "" }, format_size_against(*size as u64, *budget as u64).1)]
     TooLarge {
         what: &'static str,
         size: usize,
@@ -182,7 +182,7 @@ pub enum BudgetError {
     },
     #[error("compressed {what} inflates past the {} decompression limit", format_size(*limit as u64))]
     Bomb { what: &'static str, limit: usize },
-    #[error("task {what} is {}; the decompression limit is {}", format_size(*size as u64), format_size(*limit as u64))]
+    #[error("task {what} is {}; the decompression limit is {}", format_size_against(*size as u64, *limit as u64).0, format_size_against(*size as u64, *limit as u64).1)]
     OverReadLimit {
         what: &'static str,
         size: usize,

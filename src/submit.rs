@@ -87,7 +87,10 @@ pub fn enqueue_one(
     let mut w = store.write();
     let id = match Compactor::new().single(&mut w, &task)? {
         Some(waiting) => merge(&mut w, waiting, task)?,
-        None => w.enqueue(task, Some(placement))?,
+        None => {
+            let placement = w.around_running(&task.queue, placement)?;
+            w.enqueue(task, Some(placement))?
+        }
     };
     w.commit()?;
     Ok(id)

@@ -71,6 +71,16 @@ pub fn format_size(bytes: u64) -> String {
     format!("{bytes} B")
 }
 
+/// `size` and the `limit` it broke, each by [`format_size`], or in bytes
+/// when rounding would show them equal (`1 MiB; the budget is 1 MiB`).
+pub fn format_size_against(size: u64, limit: u64) -> (String, String) {
+    let (s, l) = (format_size(size), format_size(limit));
+    match s == l && size != limit {
+        true => (format!("{size} bytes"), format!("{limit} bytes")),
+        false => (s, l),
+    }
+}
+
 /// The longest duration berth takes (`100y`, as humantime counts years).
 /// Every duration becomes a deadline (`Instant` + it) or milliseconds in a
 /// u64; a longer one would overflow either.
@@ -197,6 +207,23 @@ mod tests {
         assert_eq!(format_size(102_400), "100 KiB");
         assert_eq!(format_size(1_572_864), "1.5 MiB");
         assert_eq!(format_size(3_250_000), "3.1 MiB");
+    }
+
+    #[test]
+    fn a_size_over_its_limit_never_reads_as_equal_to_it() {
+        let mib = 1 << 20;
+        assert_eq!(
+            format_size_against(mib + 1, mib),
+            ("1048577 bytes".to_string(), "1048576 bytes".to_string())
+        );
+        assert_eq!(
+            format_size_against(2 * mib, mib),
+            ("2 MiB".to_string(), "1 MiB".to_string())
+        );
+        assert_eq!(
+            format_size_against(mib, mib),
+            ("1 MiB".to_string(), "1 MiB".to_string())
+        );
     }
 
     #[test]

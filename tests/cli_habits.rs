@@ -582,3 +582,30 @@ fn an_enqueue_of_a_kind_without_a_handler_is_refused_up_front() {
     let o = berth(&dir, &["task", "list", "-o", "json"]);
     assert_eq!(stdout(&o).trim(), "[]", "a refused enqueue added a task");
 }
+
+/// `BERTH_NOW` (the "now" ages count from) that is not a time is refused by
+/// every command, not replaced by the clock without a word.
+#[test]
+fn a_berth_now_that_is_not_a_time_is_refused() {
+    let dir = common::tempdir();
+    let data = dir.path().join("data");
+    for args in [vec!["queue", "list"], vec!["task", "list"]] {
+        let o = Command::new(common::berth_bin())
+            .arg("--data-dir")
+            .arg(&data)
+            .args(&args)
+            .env("BERTH_NOW", "bogus")
+            .output()
+            .unwrap();
+        common::assert_refused(&o, 2, "BERTH_NOW: ");
+    }
+    let o = Command::new(common::berth_bin())
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["queue", "list"])
+        .env("BERTH_NOW", "2030-01-01T00:00:00Z")
+        .output()
+        .unwrap();
+    // A time passes the check (and the missing data dir is what is said).
+    common::assert_refused(&o, 1, "does not exist");
+}

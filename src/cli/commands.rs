@@ -20,6 +20,7 @@ use super::session::Session;
 use super::{CliError, now_ms, out, read_file, terminal_width};
 
 pub fn run(cli: Cli, data_dir_given: bool) -> Result<(), CliError> {
+    super::check_now_env()?;
     let s = Session::from_args(&cli, data_dir_given)?;
     let s = &s;
     match cli.command {

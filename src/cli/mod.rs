@@ -109,11 +109,28 @@ pub const MAX_BATCH_FILE: u64 = 1 << 30;
 
 /// Now, for showing ages: the system clock, or `BERTH_NOW` (RFC 3339 or
 /// milliseconds since the epoch) for reproducible output in tests and docs.
+///
+/// A value that is not a time is refused by [`check_now_env`], which every
+/// command runs first.
 pub fn now_ms() -> u64 {
     let system = || berth::clock::system().now_ms();
     match std::env::var("BERTH_NOW") {
         Ok(t) => berth::units::parse_time(&t, system()).unwrap_or_else(|_| system()),
         Err(_) => system(),
+    }
+}
+
+/// Refuses a `BERTH_NOW` that is set but is not a time (exit 2), instead
+/// of counting ages from the clock without a word.
+pub fn check_now_env() -> Result<(), CliError> {
+    match std::env::var("BERTH_NOW") {
+        Err(std::env::VarError::NotPresent) => Ok(()),
+        Err(std::env::VarError::NotUnicode(_)) => {
+            Err(CliError::input("BERTH_NOW is not valid UTF-8"))
+        }
+        Ok(t) => berth::units::parse_time(&t, berth::clock::system().now_ms())
+            .map(|_| ())
+            .map_err(|e| CliError::input(format!("BERTH_NOW: {e}"))),
     }
 }
 

@@ -351,10 +351,6 @@ impl<'s> WriteTxn<'s> {
             }));
         }
         let id = task.id;
-        let placement = match placement {
-            Some(p) => Some(self.around_running(&task.queue, p)?),
-            None => None,
-        };
         if let Some(p) = placement {
             self.place_in_order(&task.queue.clone(), id, p)?;
         }
@@ -380,7 +376,6 @@ impl<'s> WriteTxn<'s> {
     pub fn place(&mut self, id: u64, queue: &str, placement: Placement) -> Result<(), WriteError> {
         check_name("queue", queue).map_err(WriteError::Queue)?;
         self.live(id, "place it")?;
-        let placement = self.around_running(queue, placement)?;
         self.place_in_order(queue, id, placement)?;
         self.push_event(EventKind::Placed {
             id,
@@ -389,12 +384,15 @@ impl<'s> WriteTxn<'s> {
         })
     }
 
-    /// Where `placement` puts a task in `queue`, given what runs there: a
+    /// Where a placement an operator asked for (`enqueue --first` or
+    /// `--before`) puts a new task in `queue`, given what runs there: a
     /// running task keeps its place at the head (it is not taken back), so
     /// `First` means right behind the running tasks at the front, and a
-    /// place before a running task is refused. The event records the
-    /// placement this returns, so a replay puts the task where it went.
-    fn around_running(
+    /// place before a running task is refused. Enqueue the task with the
+    /// placement this returns: its event records it, so a replay agrees.
+    /// (A handler's follow-up at the head goes before the task that made
+    /// it, which leaves the queue in the same commit: not through here.)
+    pub fn around_running(
         &mut self,
         queue: &str,
         placement: Placement,
@@ -601,7 +599,6 @@ impl<'s> WriteTxn<'s> {
             });
         }
         let queue = task.queue.clone();
-        let placement = self.around_running(&queue, placement)?;
         self.place_in_order(&queue, id, placement)?;
         self.push_event(EventKind::Retried { id, placement })?;
         self.slot(id)?.home = Home::Live;
