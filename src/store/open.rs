@@ -958,10 +958,17 @@ impl Store {
                         .map_err(|e| o.io("opening the write-ahead log (db/wal)", e))?;
                     wal.clear()
                         .map_err(|e| o.io("emptying the write-ahead log (db/wal)", e))?;
+                    // A mark that cannot be written (a full disk) leaves the
+                    // older one, still behind the disk: the open goes on.
                     if opts.power_safe && mark != Some(replayed.found()) {
-                        high_mark::write(dir, &replayed.found())
-                            .map_err(|e| o.io("writing the high-water mark (berth.high)", e))?;
-                        mark = Some(replayed.found());
+                        match high_mark::write(dir, &replayed.found()) {
+                            Ok(()) => mark = Some(replayed.found()),
+                            Err(e) => log::warn!(
+                                "{}: cannot write the high-water mark ({}): {e}",
+                                dir.display(),
+                                high_mark::FILE
+                            ),
+                        }
                     }
                     opts.write_ahead_log.then(|| Arc::new(wal))
                 }
