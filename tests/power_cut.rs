@@ -80,8 +80,10 @@ fn power_child() {
         // The high-water mark, written as often as it can be (a daemon does
         // every 5 s): the cut must never leave it ahead of the database,
         // or reopening would refuse the dir (`check_survivors` opens it).
+        // It ends with the store (a failed commit ends a producer, and the
+        // child must then end for the parent to see it).
         s.spawn(move || {
-            loop {
+            while store.failure().is_none() {
                 if let Err(e) = store.save_high_mark() {
                     eprintln!("writing the high-water mark: {e}");
                 }
