@@ -58,38 +58,31 @@ pub fn encode(m: &Mark) -> String {
 /// `text` read back as a mark, or what is wrong with it.
 pub fn decode(text: &[u8]) -> Result<Mark, String> {
     let text = std::str::from_utf8(text).map_err(|_| "it is not text".to_string())?;
-    let mut lines = text.lines();
-    let mut field = |name: &str| -> Result<&str, String> {
-        let line = lines
-            .next()
-            .ok_or_else(|| format!("it ends before its `{name}` line"))?;
-        if name == "header" {
-            return match line == HEADER {
-                true => Ok(line),
-                false => Err(format!("its first line is not `{HEADER}`")),
-            };
-        }
+    let lines: Vec<&str> = text.lines().collect();
+    let [header, event, id, crc] = lines[..] else {
+        return Err(format!("it has {} lines, not 4", lines.len()));
+    };
+    if header != HEADER {
+        return Err(format!("its first line is not `{HEADER}`"));
+    }
+    fn value<'a>(line: &'a str, name: &str) -> Result<&'a str, String> {
         line.strip_prefix(name)
             .and_then(|v| v.strip_prefix(' '))
             .ok_or_else(|| format!("a line where `{name} ...` was expected"))
-    };
-    field("header")?;
-    let number = |name: &str, v: &str| {
+    }
+    let number = |line: &str, name: &str| {
+        let v = value(line, name)?;
         v.parse::<u64>()
             .map_err(|_| format!("its {name} `{v}` is not a number"))
     };
-    let next_event = number("next_event", field("next_event")?)?;
-    let next_id = number("next_id", field("next_id")?)?;
-    let crc = field("crc32")?;
-    if lines.next().is_some() {
-        return Err("it has lines after its checksum".into());
-    }
     let m = Mark {
-        next_event,
-        next_id,
+        next_event: number(event, "next_event")?,
+        next_id: number(id, "next_id")?,
     };
+    let crc = value(crc, "crc32")?;
     let want = format!("{:08x}", crc32fast::hash(body(&m).as_bytes()));
-    if crc != want || encode(&m).as_bytes() != text.as_bytes() {
+    // Byte for byte as written: no other spelling of the same numbers.
+    if crc != want || encode(&m) != text {
         return Err(format!(
             "its checksum does not match (crc32 {crc}, computed {want})"
         ));
@@ -163,7 +156,7 @@ mod tests {
         }
         assert!(decode(b"\xff\xfe").unwrap_err().contains("not text"));
         let extra = format!("{good}more\n");
-        assert!(decode(extra.as_bytes()).unwrap_err().contains("after"));
+        assert!(decode(extra.as_bytes()).unwrap_err().contains("5 lines"));
         let spaced = good.replace("next_id 56", "next_id  56");
         assert!(decode(spaced.as_bytes()).is_err());
     }
