@@ -616,7 +616,7 @@ fn a_database_older_than_its_high_water_mark_is_refused_until_the_mark_is_remove
     // A mark that does not read back is refused too, saying so.
     std::fs::write(
         dir.join("berth.high"),
-        "berth high-water mark 1\nnext_event x\n",
+        "berth high-water mark 1\nnext_event x\nnext_id 7\ncrc32 00000000\n",
     )
     .expect("w");
     let o = run(&dir, &["queue", "list"]);
