@@ -63,8 +63,10 @@ pub struct Options {
     /// cuts (`tests/power_cut.rs` with `BERTH_POWER_CUT_WAL=1`) 1 in 80
     /// left sled's files unreadable on 2026-12-01, which the default path
     /// never did. The likely cause (a sled log message on the disk before
-    /// its blob file) is closed in `vendor/sled` since 2026-12-03; it stays
-    /// off until more power-cut runs back that.
+    /// its blob file) is closed in `vendor/sled` since 2026-12-03, and 913
+    /// power cuts since left none unreadable; it stays off because the
+    /// engine is bound by CPU, not by the flush, so it was only about 7 %
+    /// faster end to end (ARCHITECTURE.md, "The write-ahead log").
     pub write_ahead_log: bool,
     /// With `write_ahead_log`: how long after a commit sled itself is flushed at the latest (in
     /// the background; also after 32 MiB of commits), so that the
