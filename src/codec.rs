@@ -256,6 +256,12 @@ pub fn version_of(bytes: &[u8]) -> Option<u8> {
         .filter(|v| (OLDEST_VERSION..=FORMAT_VERSION).contains(v))
 }
 
+/// Checks a record's frame (length, checksum and version) without decoding
+/// its body.
+pub fn check_frame(bytes: &[u8]) -> Result<(), CodecError> {
+    unframe(bytes).map(|_| ())
+}
+
 /// Checks the frame and returns the body's layout and the body.
 fn unframe(bytes: &[u8]) -> Result<(Layout, &[u8]), CodecError> {
     if bytes.len() > MAX_RECORD_BYTES {

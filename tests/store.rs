@@ -483,6 +483,58 @@ fn a_corrupt_record_is_reported_with_its_key_not_trusted() {
 }
 
 #[test]
+fn a_summary_that_is_not_its_records_is_reported() {
+    use berth::store::stored::{self, Summary};
+    let dir = tempdir();
+    let clock = FakeClock::new(T0);
+    let (a, b);
+    {
+        let s = open(dir.path(), &clock);
+        a = add(&s, "main", "a", Placement::Last);
+        b = add(&s, "main", "b", Placement::Last);
+        add(&s, "other", "c", Placement::Last);
+    }
+    {
+        // Give task b a summary (well framed, checksummed) that says it
+        // expires, which its record does not.
+        let db = sled::open(dir.path().join("db")).unwrap();
+        let key = berth::store::keys::id_key(berth::store::keys::TASK, b);
+        let v = db.get(key).unwrap().unwrap().to_vec();
+        let parts = stored::split(&v);
+        let (position, record) = (parts.position.unwrap(), parts.record);
+        assert!(parts.summary.is_some(), "written with a summary");
+        let lie = berth::codec::encode(&Summary {
+            id: b,
+            running: false,
+            deadline: Some(T0 + 1),
+        });
+        let mut tampered = vec![0, 0x80 | u8::try_from(position.len()).unwrap()];
+        tampered.extend_from_slice(position);
+        tampered.push(u8::try_from(lie.len()).unwrap());
+        tampered.extend_from_slice(&lie);
+        tampered.extend_from_slice(record);
+        assert_eq!(stored::split(&tampered).record, record);
+        db.insert(key, tampered).unwrap();
+        db.flush().unwrap();
+    }
+    let s = open(dir.path(), &clock);
+    let key = format!("t/{b}");
+    let err = s.task(b).unwrap_err().to_string();
+    assert!(
+        err.starts_with(&format!("record {key} is corrupt")) && err.contains("summary"),
+        "{err}"
+    );
+    assert_eq!(
+        s.task(a).unwrap().map(|t| t.id),
+        Some(a),
+        "a is read as before"
+    );
+    assert_eq!(s.queue_ids("main"), vec![a, b], "b keeps its place");
+    let report = verify::verify(&s).unwrap_err().to_string();
+    assert!(report.contains(&key), "{report}");
+}
+
+#[test]
 fn large_payloads_are_compressed_and_over_budget_ones_refused() {
     let dir = tempdir();
     let clock = FakeClock::new(T0);

@@ -40,10 +40,16 @@ impl Deadlines {
     /// Indexes `t` if it may expire by itself.
     pub fn add(&mut self, t: &Task) {
         if let Some(at) = ttl::deadline(t).filter(|_| ttl::may_expire(t)) {
-            self.forget(t.id);
-            self.by_time.insert((at, t.id));
-            self.of.insert(t.id, at);
+            self.add_at(t.id, at);
         }
+    }
+
+    /// Indexes task `id` with its deadline `at` (from its summary, see
+    /// `stored::Summary`).
+    pub fn add_at(&mut self, id: u64, at: u64) {
+        self.forget(id);
+        self.by_time.insert((at, id));
+        self.of.insert(id, at);
     }
 
     /// Takes in the entries of another index (of other tasks).

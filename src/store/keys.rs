@@ -61,11 +61,17 @@ pub const META_PARALLEL: &[u8] = b"mparallel";
 pub const META_NODE: &[u8] = b"mnode";
 
 /// The on-disk layout version (the key layout above; the record framing has its own byte).
+/// 8: a live task's `t` value may hold a summary between its position and
+/// its record (see `stored`), flagged in the position's length byte; a
+/// format-7 build would misread every such position. Opening upgrades a
+/// format-7 dir by writing this number: its values have no summary, and
+/// are read as they are.
+pub const STORE_FORMAT: u64 = 8;
 /// 7: a live task's queue position is in its `t` value (see `stored`), and
 /// there are no `q` keys; a format-6 build would find every queue empty.
 /// Opening upgrades a format-6 (or older) dir by folding each `q` key into
 /// its task's value (`open::fold_queue_keys`).
-pub const STORE_FORMAT: u64 = 7;
+pub const STORE_FORMAT_V7: u64 = 7;
 /// 6: a commit is durable once its record is in the write-ahead log
 /// (`db/wal`, see `wal`), before sled has it on disk; a format-5 build
 /// would not read that log and would lose those commits. Opening upgrades a

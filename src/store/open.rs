@@ -337,6 +337,7 @@ fn check_format(o: &Opening<'_>, files: &DbFiles, read_only: bool) -> Result<u64
         Some(v) => match codec::decode::<u64>(&v) {
             Ok(
                 f @ (keys::STORE_FORMAT
+                | keys::STORE_FORMAT_V7
                 | keys::STORE_FORMAT_V6
                 | keys::STORE_FORMAT_V5
                 | keys::STORE_FORMAT_V4
@@ -842,13 +843,23 @@ fn scan_range(
                 .push(CorruptRecord::new(&k, "malformed live task key"));
             continue;
         };
-        let (position, task) = match records {
+        // To write, a record is decoded only if the value has no summary
+        // (format 7), or the summary or the record's frame is damaged, or
+        // it says the task was running.
+        let summary = records.then(|| stored::summary(&v)).flatten();
+        let decode = records && summary.is_none_or(|s| s.id != id || s.running);
+        let (position, task) = match decode {
             true => {
                 let (p, t) = stored::decode_live(&v);
                 (p, Some(t))
             }
             false => (stored::position(&v), None),
         };
+        if let Some(s) = summary.filter(|_| !decode)
+            && let Some(at) = s.deadline
+        {
+            scan.deadlines.add_at(id, at);
+        }
         match position {
             Ok(Some((queue, pos))) => {
                 let name = match names.get(&queue) {

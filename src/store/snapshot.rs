@@ -253,6 +253,7 @@ fn model_from_keys(state: BTreeMap<Vec<u8>, Vec<u8>>) -> Result<Model, CorruptRe
                 children::join(&mut t, |g| Ok(state.get(g).cloned()))
                     .map_err(|e| CorruptRecord::new(k, e))?;
                 if k[0] == TASK {
+                    stored::check_summary(v, &t).map_err(|e| CorruptRecord::new(k, e))?;
                     if let Some((queue, pos)) = stored::position(v).map_err(corrupt)? {
                         positions.push((queue, pos, t.id));
                     }

@@ -4,7 +4,7 @@
 //! whole record (checksum and all) or as version byte and body, framed here
 //! with a correct CRC-32 so that the fuzzer reaches the body decoder. With
 //! bit 3 set, the rest is a live task's value (`berth::store::stored`: a
-//! position and a record, each framed), taken as it is.
+//! position, a summary and a record, each framed), taken as it is.
 //!
 //! Asserts:
 //! - decoding never panics;
@@ -76,11 +76,21 @@ fn check_live(v: &[u8]) {
     if let Some(p) = parts.position {
         check::<Option<stored::Position>>(p);
     }
+    if let Some(s) = parts.summary {
+        check::<stored::Summary>(s);
+    }
     check::<Task>(parts.record);
+    // A summary is only taken with a whole record frame.
+    if stored::summary(v).is_some() {
+        assert!(codec::check_frame(parts.record).is_ok());
+    }
     let (position, task) = stored::decode_live(v);
+    if let Ok(t) = &task {
+        let _ = stored::check_summary(v, t);
+    }
     if let (Ok(_), Ok(_), Some(p)) = (position, task, parts.position) {
         assert_eq!(
-            stored::with_position(p, parts.record),
+            stored::with_position(p, v),
             v,
             "a live value that decodes is its parts joined"
         );
