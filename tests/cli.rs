@@ -179,6 +179,92 @@ fn bad_arguments_exit_2_and_change_nothing() {
     assert!(!d.exists(), "no data dir was created by bad input");
 }
 
+/// A change that what the data dir holds refuses (no such task, a task in
+/// the wrong state, an anchor in no queue or in another) exits non-zero
+/// with its reason and leaves every file of the data dir as it was (the
+/// command tries it on a read-only open first), while the same commands
+/// that the data dir takes still do their work.
+#[test]
+fn refused_changes_leave_every_file_of_the_data_dir_as_it_was() {
+    let dir = tempdir();
+    let d = dir.path().join("data");
+    let a = common::enqueue_id(&d, &["--queue", "main", "--kind", "K", "--name", "a"]);
+    let a_s = a.to_string();
+    let before = common::file_hashes(&d);
+    for (args, code, says) in [
+        (vec!["task", "cancel", "999"], 1, "no task 999".to_string()),
+        (vec!["task", "remove", "999"], 1, "no task 999".to_string()),
+        (
+            vec!["task", "retry", a_s.as_str()],
+            1,
+            format!("task {a} is queued; cannot retry it"),
+        ),
+        (
+            vec![
+                "enqueue", "--queue", "main", "--kind", "K", "--name", "b", "--after", "77",
+            ],
+            2,
+            "task 77 is not in any queue".to_string(),
+        ),
+        (
+            vec![
+                "enqueue",
+                "--queue",
+                "other",
+                "--kind",
+                "K",
+                "--name",
+                "b",
+                "--before",
+                a_s.as_str(),
+            ],
+            2,
+            format!("task {a} is in queue 'main', not in 'other'"),
+        ),
+    ] {
+        let o = berth(&d, &args);
+        common::assert_refused(&o, code, &says);
+        assert_eq!(
+            common::file_hashes(&d),
+            before,
+            "berth {args:?} changed the data dir"
+        );
+    }
+    // A data dir that does not exist holds no anchor, and is not created.
+    let none = dir.path().join("none");
+    let o = berth(
+        &none,
+        &[
+            "enqueue", "--queue", "main", "--kind", "K", "--name", "b", "--after", "1",
+        ],
+    );
+    common::assert_refused(&o, 2, "task 1 is not in any queue");
+    assert!(
+        !none.exists(),
+        "a refused enqueue created {}",
+        none.display()
+    );
+    // What the data dir takes is done.
+    let b = common::enqueue_id(
+        &d,
+        &[
+            "--queue", "main", "--kind", "K", "--name", "b", "--before", &a_s,
+        ],
+    );
+    let o = berth(&d, &["queue", "list", "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let ids: Vec<u64> = v["active"][0]["tasks"]
+        .as_array()
+        .expect("tasks")
+        .iter()
+        .map(|t| t["id"].as_u64().expect("id"))
+        .collect();
+    assert_eq!(ids, [b, a]);
+    let o = berth(&d, &["task", "cancel", &a_s]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(common::task_json(&d, a)["status"], "cancelled");
+}
+
 #[test]
 fn task_show_and_remove() {
     let dir = tempdir();

@@ -10,7 +10,8 @@ use berth::clock;
 use berth::config::Config;
 use berth::control::{self, CallError};
 use berth::ops::{self, Access, Ctx, OpError, Request};
-use berth::store::{OpenError, Options, Role, Store};
+use berth::store::order::OrderError;
+use berth::store::{OpenError, Options, Role, Store, WriteError};
 use serde_json::Value;
 
 use super::CliError;
@@ -160,9 +161,14 @@ impl Session {
     /// `--timeout`, instead of failing.
     fn connect(&self, req: &Request) -> Result<Answer, OpError> {
         let start = Instant::now();
+        let mut rehearsed = false;
         loop {
             if let Some(answer) = self.ask_daemon(req) {
                 return Ok(Answer::Daemon(answer));
+            }
+            if req.refusable() && !rehearsed {
+                self.rehearse(req)?;
+                rehearsed = true;
             }
             let opts = self.options(req.access());
             match Store::open(&self.dir, opts, clock::system()) {
@@ -174,6 +180,31 @@ impl Session {
                 }
                 Err(e) => return Err(e.into()),
             }
+        }
+    }
+
+    /// Tries `req` (one that what the data dir holds can refuse:
+    /// [`Request::refusable`]) on a read-only open, and returns its refusal,
+    /// so that a refused change opens nothing to write: the data dir's files
+    /// stay exactly as they were. A request the data dir would take gets as
+    /// far as its commit, which the read-only store refuses; it then runs
+    /// on the data dir opened to write (and is checked there again, against
+    /// the state then). A data dir that does not exist holds no task to
+    /// anchor to; one that does not open to read is left to the writable
+    /// open to report.
+    fn rehearse(&self, req: &Request) -> Result<(), OpError> {
+        if !self.dir.exists() {
+            return match req.anchor() {
+                Some(anchor) => Err(WriteError::Order(OrderError::NotQueued(anchor)).into()),
+                None => Ok(()),
+            };
+        }
+        let Ok(store) = Store::open(&self.dir, self.options(Access::Read), clock::system()) else {
+            return Ok(());
+        };
+        match self.execute(&store, req.clone(), None) {
+            Err(e) if !e.is_read_only_refusal() => Err(e),
+            _ => Ok(()),
         }
     }
 

@@ -92,6 +92,13 @@ impl OpError {
         OpError::new(Class::Input, message)
     }
 
+    /// Whether this is a write refused only because the store was opened to
+    /// read: what a request tried on a read-only open (see
+    /// [`Request::refusable`]) answers when the data dir would take it.
+    pub fn is_read_only_refusal(&self) -> bool {
+        self.class == Class::Runtime && self.message.ends_with(&WriteError::ReadOnly.to_string())
+    }
+
     /// The same error with `context` before its message.
     pub fn context(self, context: &str) -> Self {
         OpError {
@@ -322,6 +329,30 @@ pub enum Access {
 }
 
 impl Request {
+    /// Whether what the data dir holds can refuse this change: a task that
+    /// is not there, or not in the state the request needs, or an anchor
+    /// that is in no queue. A command that opens the data dir itself tries
+    /// such a request on a read-only open first, so that a refusal leaves
+    /// every file as it was (a writable open writes even when its request is
+    /// then refused: the lock's holder, sled's snapshot, the applied mark).
+    pub fn refusable(&self) -> bool {
+        match self {
+            Request::TaskRemove { .. } | Request::TaskRetry { .. } | Request::TaskCancel { .. } => {
+                true
+            }
+            Request::Enqueue { after, before, .. } => after.is_some() || before.is_some(),
+            _ => false,
+        }
+    }
+
+    /// The task an enqueue is placed after or before.
+    pub fn anchor(&self) -> Option<u64> {
+        match self {
+            Request::Enqueue { after, before, .. } => after.or(*before),
+            _ => None,
+        }
+    }
+
     pub fn access(&self) -> Access {
         match self {
             Request::Enqueue { .. } | Request::EnqueueBatch { .. } | Request::Import { .. } => {
