@@ -173,7 +173,7 @@ impl std::fmt::Debug for Blob {
 /// Errors of the size budget.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum BudgetError {
-    #[error("task {what} is {}{}; the object budget is {}", format_size_against(*size as u64, *budget as u64).0, if *compressed { " after compression" } else { "" }, format_size_against(*size as u64, *budget as u64).1)]
+    #[error("task {what} is {}", over(*size, *compressed, "object budget", *budget))]
     TooLarge {
         what: &'static str,
         size: usize,
@@ -182,7 +182,7 @@ pub enum BudgetError {
     },
     #[error("compressed {what} inflates past the {} decompression limit", format_size(*limit as u64))]
     Bomb { what: &'static str, limit: usize },
-    #[error("task {what} is {}; the decompression limit is {}", format_size_against(*size as u64, *limit as u64).0, format_size_against(*size as u64, *limit as u64).1)]
+    #[error("task {what} is {}", over(*size, false, "decompression limit", *limit))]
     OverReadLimit {
         what: &'static str,
         size: usize,
@@ -192,6 +192,14 @@ pub enum BudgetError {
     BadGzip { what: &'static str, reason: String },
     #[error("{what} is not valid JSON: {reason}")]
     BadJson { what: &'static str, reason: String },
+}
+
+/// "SIZE[ after compression]; the LIMIT_NAME is LIMIT", the two sizes in
+/// units that tell them apart.
+fn over(size: usize, compressed: bool, limit_name: &str, limit: usize) -> String {
+    let (size, limit) = format_size_against(size as u64, limit as u64);
+    let after = if compressed { " after compression" } else { "" };
+    format!("{size}{after}; the {limit_name} is {limit}")
 }
 
 impl Blob {
