@@ -1,5 +1,7 @@
 //! Opening a data dir, as named steps (ARCHITECTURE.md lists them in the same
-//! order):
+//! order, with other numbers: its step 0 is steps 1 to 3 here, its steps 1
+//! and 2 are 4 and 5, its 3 (raising `next_id`) is part of 5, its 4 is 6,
+//! and its 5 and 6 are 7):
 //!
 //! 1. [`prepare_dir`]: the data dir exists (or is created) with mode 0700.
 //! 2. [`lock_dir`]: the `flock` on `DIR/berth.lock`; a command waits for
