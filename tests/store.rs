@@ -16,6 +16,29 @@ fn add(store: &Store, queue: &str, name: &str, p: Placement) -> u64 {
     submit::enqueue_one(store, spec(queue, name), p).expect("enqueue")
 }
 
+/// Tasks a and b in `main`, then c in `other` (so that b's is not the last
+/// record: opening re-applies the last record's writes, which would repair
+/// b); then `tamper` rewrites b's stored value behind berth's back.
+fn two_tasks_then_tamper_b(
+    dir: &std::path::Path,
+    clock: &FakeClock,
+    tamper: impl FnOnce(u64, Vec<u8>) -> Vec<u8>,
+) -> (u64, u64) {
+    let (a, b);
+    {
+        let s = open(dir, clock);
+        a = add(&s, "main", "a", Placement::Last);
+        b = add(&s, "main", "b", Placement::Last);
+        add(&s, "other", "c", Placement::Last);
+    }
+    let db = sled::open(dir.join("db")).unwrap();
+    let key = berth::store::keys::id_key(berth::store::keys::TASK, b);
+    let v = db.get(key).unwrap().unwrap().to_vec();
+    db.insert(key, tamper(b, v)).unwrap();
+    db.flush().unwrap();
+    (a, b)
+}
+
 /// A log of the attempt `w` sees running for `id`, with some output.
 fn log_of(w: &mut berth::store::WriteTxn<'_>, id: u64, outcome: AttemptOutcome) -> AttemptLog {
     let t = w.task(id).unwrap().clone();
@@ -431,25 +454,12 @@ fn a_task_running_at_a_crash_goes_back_to_the_head_with_a_failure() {
 fn a_corrupt_record_is_reported_with_its_key_not_trusted() {
     let dir = tempdir();
     let clock = FakeClock::new(T0);
-    let (a, b);
-    {
-        let s = open(dir.path(), &clock);
-        a = add(&s, "main", "a", Placement::Last);
-        b = add(&s, "main", "b", Placement::Last);
-        // A later commit, so b's is not the last record (opening re-applies
-        // the last record's writes, which would repair b).
-        add(&s, "other", "c", Placement::Last);
-    }
-    {
-        // Flip one byte of task b's record behind berth's back.
-        let db = sled::open(dir.path().join("db")).unwrap();
-        let key = berth::store::keys::id_key(berth::store::keys::TASK, b);
-        let mut v = db.get(key).unwrap().unwrap().to_vec();
+    // Flip one byte of task b's record.
+    let (a, b) = two_tasks_then_tamper_b(dir.path(), &clock, |_, mut v| {
         let mid = v.len() / 2;
         v[mid] ^= 0x40;
-        db.insert(key, v).unwrap();
-        db.flush().unwrap();
-    }
+        v
+    });
     let s = open(dir.path(), &clock);
     let key = format!("t/{b}");
     assert!(
@@ -487,19 +497,9 @@ fn a_summary_that_is_not_its_records_is_reported() {
     use berth::store::stored::{self, Summary};
     let dir = tempdir();
     let clock = FakeClock::new(T0);
-    let (a, b);
-    {
-        let s = open(dir.path(), &clock);
-        a = add(&s, "main", "a", Placement::Last);
-        b = add(&s, "main", "b", Placement::Last);
-        add(&s, "other", "c", Placement::Last);
-    }
-    {
-        // Give task b a summary (well framed, checksummed) that says it
-        // expires, which its record does not.
-        let db = sled::open(dir.path().join("db")).unwrap();
-        let key = berth::store::keys::id_key(berth::store::keys::TASK, b);
-        let v = db.get(key).unwrap().unwrap().to_vec();
+    // Give task b a summary (well framed, checksummed) that says it
+    // expires, which its record does not.
+    let (a, b) = two_tasks_then_tamper_b(dir.path(), &clock, |b, v| {
         let parts = stored::split(&v);
         let (position, record) = (parts.position.unwrap(), parts.record);
         assert!(parts.summary.is_some(), "written with a summary");
@@ -514,9 +514,8 @@ fn a_summary_that_is_not_its_records_is_reported() {
         tampered.extend_from_slice(&lie);
         tampered.extend_from_slice(record);
         assert_eq!(stored::split(&tampered).record, record);
-        db.insert(key, tampered).unwrap();
-        db.flush().unwrap();
-    }
+        tampered
+    });
     let s = open(dir.path(), &clock);
     let key = format!("t/{b}");
     let err = s.task(b).unwrap_err().to_string();
