@@ -76,6 +76,9 @@ impl Class {
 pub struct OpError {
     pub class: Class,
     pub message: String,
+    /// A write the store refused only because it was opened to read
+    /// (`WriteError::ReadOnly`); set where that error is converted.
+    read_only: bool,
 }
 
 impl OpError {
@@ -83,6 +86,7 @@ impl OpError {
         OpError {
             class,
             message: message.into(),
+            read_only: false,
         }
     }
     pub fn runtime(message: impl Into<String>) -> Self {
@@ -96,7 +100,7 @@ impl OpError {
     /// read: what a request tried on a read-only open (see
     /// [`Request::refusable`]) answers when the data dir would take it.
     pub fn is_read_only_refusal(&self) -> bool {
-        self.class == Class::Runtime && self.message.ends_with(&WriteError::ReadOnly.to_string())
+        self.read_only
     }
 
     /// The same error with `context` before its message.
@@ -114,7 +118,10 @@ impl From<WriteError> for OpError {
             WriteError::Order(_) | WriteError::Budget(_) | WriteError::Queue(_) => Class::Input,
             _ => Class::Runtime,
         };
-        OpError::new(class, e.to_string())
+        OpError {
+            read_only: matches!(e, WriteError::ReadOnly),
+            ..OpError::new(class, e.to_string())
+        }
     }
 }
 
