@@ -110,6 +110,48 @@ fn assert_all_present(dir: &Path, ids: &[u64]) {
     }
 }
 
+/// Every file under `dir` (its path and bytes), to show that a refused
+/// command changed nothing.
+fn dir_files(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read_dir") {
+            let p = e.expect("entry").path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if !p
+                .file_name()
+                .is_some_and(|n| n == "spare" || n == "spare.tmp")
+            {
+                let bytes = std::fs::read(&p).expect("read");
+                files.push((p, bytes));
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+/// `o` was refused for space, and another try changes no file in `dir`.
+fn assert_refusal_writes_nothing(dir: &Path, payload: &Path) {
+    let before = dir_files(dir);
+    let again = enqueue_file(dir, "main", "again", payload);
+    assert_eq!(again.status.code(), Some(1), "{}", stderr(&again));
+    let after = dir_files(dir);
+    let changed: Vec<_> = after
+        .iter()
+        .filter(|f| !before.contains(f))
+        .map(|(p, _)| p)
+        .chain(before.iter().filter(|f| !after.contains(f)).map(|(p, _)| p))
+        .collect();
+    assert!(
+        changed.is_empty(),
+        "a refused enqueue changed {changed:?}: {}",
+        stderr(&again)
+    );
+}
+
 fn assert_verify_ok(dir: &Path) {
     let o = run(dir, &["verify"]);
     assert!(o.status.success(), "verify: {}{}", stdout(&o), stderr(&o));
@@ -145,7 +187,8 @@ fn a_full_disk_without_a_daemon_refuses_new_work_clearly_and_recovers() {
             && msg.contains("needed"),
         "{msg}"
     );
-    // Reads still work, and the refused command wrote nothing.
+    // The refused command wrote nothing, and reads still work.
+    assert_refusal_writes_nothing(&dir, &payload);
     assert_all_present(&dir, &acked);
     assert_verify_ok(&dir);
 
@@ -158,6 +201,7 @@ fn a_full_disk_without_a_daemon_refuses_new_work_clearly_and_recovers() {
         "{}",
         stderr(&o)
     );
+    assert_refusal_writes_nothing(&dir, &payload);
     let o = run(&dir, &["queue", "list"]);
     assert!(
         o.status.success() || stderr(&o).contains("disk is full"),

@@ -166,7 +166,7 @@ impl Session {
             if let Some(answer) = self.ask_daemon(req) {
                 return Ok(Answer::Daemon(answer));
             }
-            if req.refusable() && !rehearsed {
+            if !rehearsed && self.may_refuse(req) {
                 self.rehearse(req)?;
                 rehearsed = true;
             }
@@ -183,8 +183,18 @@ impl Session {
         }
     }
 
-    /// Tries `req` (one that what the data dir holds can refuse:
-    /// [`Request::refusable`]) on a read-only open, and returns its refusal,
+    /// Whether the data dir could refuse `req`: what it holds
+    /// ([`Request::refusable`]), or its disk's space, for work added where
+    /// less than the reserve plus the largest record's need is free.
+    fn may_refuse(&self, req: &Request) -> bool {
+        req.refusable()
+            || (req.adds_work()
+                && self.dir.exists()
+                && berth::store::space_may_refuse(&self.dir, self.disk_reserve))
+    }
+
+    /// Tries `req` (one that the data dir could refuse: [`Session::may_refuse`])
+    /// on a read-only open, and returns its refusal,
     /// so that a refused change opens nothing to write: the data dir's files
     /// stay exactly as they were. A request the data dir would take gets as
     /// far as its commit, which the read-only store refuses; it then runs

@@ -352,6 +352,19 @@ impl Request {
         }
     }
 
+    /// Whether this change adds work (new tasks, or a task run again),
+    /// which the disk reserve can refuse (`Store`'s space check): a command
+    /// that opens the data dir itself rehearses it too when space is short.
+    pub fn adds_work(&self) -> bool {
+        matches!(
+            self,
+            Request::Enqueue { .. }
+                | Request::EnqueueBatch { .. }
+                | Request::Import { .. }
+                | Request::TaskRetry { .. }
+        )
+    }
+
     /// The task an enqueue is placed after or before.
     pub fn anchor(&self) -> Option<u64> {
         match self {

@@ -112,6 +112,18 @@ pub struct SpaceError {
     pub reserve: u64,
 }
 
+/// Whether a commit of new work on `dir` could be refused for space: less
+/// than the reserve plus what the largest record needs is free. When not,
+/// no refusal is possible and a command need not rehearse one.
+pub fn space_may_refuse(dir: &Path, reserve: u64) -> bool {
+    check_space(
+        dir,
+        reserve,
+        need_for_record(crate::codec::MAX_RECORD_BYTES),
+    )
+    .is_err()
+}
+
 /// Checks that `need` bytes plus the reserve are free on `dir`'s filesystem.
 /// A filesystem that cannot be asked, or does not know, passes (the write
 /// itself will tell).

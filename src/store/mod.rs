@@ -33,7 +33,9 @@ pub use db::{AtRest, Options, Store};
 pub use durability::Durability;
 pub use error::{CorruptRecord, OpenError, ReadError, WriteError};
 pub use event::{Event, EventKind, INTERRUPTED};
-pub use health::{DEFAULT_RESERVE as DEFAULT_DISK_RESERVE, SpaceError, free_bytes};
+pub use health::{
+    DEFAULT_RESERVE as DEFAULT_DISK_RESERVE, SpaceError, free_bytes, space_may_refuse,
+};
 pub use lock::Role;
 pub use order::Placement;
 pub use panics::catch as catch_panic;

@@ -951,7 +951,6 @@ impl<'s> WriteTxn<'s> {
                 },
             });
         }
-        self.store.check_writable()?;
         let first_seq = self.events[0].seq;
         let mut writes = self.key_writes();
         let counting_anew = !self.counts.is_empty();
@@ -989,6 +988,10 @@ impl<'s> WriteTxn<'s> {
         if !self.reserve && record.events.iter().any(|e| e.kind.is_new_work()) {
             self.store.check_space(bytes.len())?;
         }
+        // After the checks above, which a read-only store makes too: a
+        // command rehearses a change on one (`cli::session`) and gets the
+        // refusal the writable store would give, without opening it.
+        self.store.check_writable()?;
         let events = record.events.len();
         let ticket = self
             .store
