@@ -133,7 +133,8 @@ fn dir_files(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     files
 }
 
-/// `o` was refused for space, and another try changes no file in `dir`.
+/// An enqueue the disk has just refused, tried again, is refused again
+/// and changes no file in `dir`.
 fn assert_refusal_writes_nothing(dir: &Path, payload: &Path) {
     let before = dir_files(dir);
     let again = enqueue_file(dir, "main", "again", payload);

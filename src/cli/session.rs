@@ -193,10 +193,10 @@ impl Session {
                 && berth::store::space_may_refuse(&self.dir, self.disk_reserve))
     }
 
-    /// Tries `req` (one that the data dir could refuse: [`Session::may_refuse`])
-    /// on a read-only open, and returns its refusal,
-    /// so that a refused change opens nothing to write: the data dir's files
-    /// stay exactly as they were. A request the data dir would take gets as
+    /// Tries `req` (one that the data dir could refuse:
+    /// [`Session::may_refuse`]) on a read-only open, and returns its
+    /// refusal, so that a refused change opens nothing to write: the data
+    /// dir's files stay exactly as they were. A request the data dir would take gets as
     /// far as its commit, which the read-only store refuses; it then runs
     /// on the data dir opened to write (and is checked there again, against
     /// the state then). A data dir that does not exist holds no task to
