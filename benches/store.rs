@@ -88,8 +88,9 @@ fn open_store(dir: &std::path::Path, power_safe: bool) -> Store {
         Options {
             durability: Durability::Sync,
             power_safe,
-            // `BERTH_BENCH_WAL=1`: with the write-ahead log (an option).
-            write_ahead_log: std::env::var_os("BERTH_BENCH_WAL").is_some(),
+            // `BERTH_BENCH_NO_WAL=1`: without the write-ahead log (a sled
+            // flush per commit, the path before 2026-12-06).
+            write_ahead_log: std::env::var_os("BERTH_BENCH_NO_WAL").is_none(),
             ..Options::default()
         },
         berth::clock::system(),

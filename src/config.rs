@@ -28,6 +28,7 @@ struct Raw {
     parallel_queues: Option<Spanned<usize>>,
     workers: Option<Spanned<usize>>,
     durability: Option<Spanned<String>>,
+    write_ahead_log: Option<bool>,
     flush_interval: Option<Spanned<String>>,
     grace: Option<Spanned<String>>,
     #[serde(default)]
@@ -115,6 +116,8 @@ pub struct Config {
     pub node: Option<String>,
     pub tags: Vec<String>,
     pub durability: Durability,
+    /// Commits made durable by berth's write-ahead log (`Options::write_ahead_log`).
+    pub write_ahead_log: bool,
     pub budget: Budget,
     /// Disk space kept free on the data dir's filesystem (0: no guard).
     pub disk_reserve: u64,
@@ -403,6 +406,7 @@ impl Config {
             node: engine.node.clone(),
             tags: raw.tags.iter().map(|t| t.get_ref().clone()).collect(),
             durability: cx.durability(&raw)?,
+            write_ahead_log: raw.write_ahead_log.unwrap_or(true),
             disk_reserve: cx.size(
                 &raw.disk.reserve,
                 "disk.reserve",
@@ -743,6 +747,7 @@ tags = ["gluster"]
 parallel_queues = 10
 workers = 12
 durability = "sync"
+write_ahead_log = true
 [retry]
 initial = "5s"
 max = "32s"
@@ -784,6 +789,11 @@ env = { HELM_NAMESPACE = "d8" }
         );
         assert_eq!(c.metrics.interval, Duration::from_secs(15));
         assert_eq!(c.backup, None);
+        assert!(c.write_ahead_log);
+        let h = "[handlers.K]\ncommand = [\"x\"]\n";
+        let off = parse(&format!("write_ahead_log = false\n{h}")).unwrap();
+        assert!(!off.write_ahead_log);
+        assert!(parse(h).unwrap().write_ahead_log, "on by default");
         let c = parse(
             "[backup]\nevery = \"30m\"\npath = \"backups\"\n[handlers.K]\ncommand = [\"x\"]\n",
         )
@@ -811,6 +821,13 @@ env = { HELM_NAMESPACE = "d8" }
         assert!(
             m.starts_with("/etc/berth/berth.toml:1: ") && m.contains("unknown field `nodes`"),
             "{m}"
+        );
+        let e = parse("\nwrite_ahead_log = \"yes\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("/etc/berth/berth.toml:2: ") && e.contains("write_ahead_log"),
+            "{e}"
         );
         let e = parse("durability = \"sometimes\"\n").unwrap_err();
         assert!(

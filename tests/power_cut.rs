@@ -67,9 +67,10 @@ fn power_child() {
     let Some(dir) = std::env::var_os(DIR_VAR) else {
         return;
     };
-    // `BERTH_POWER_CUT_WAL=1` runs the writer with the write-ahead log on.
+    // `BERTH_POWER_CUT_NO_WAL=1` runs the writer without the write-ahead
+    // log (a sled flush per commit; the daemon always has the log).
     let opts = Options {
-        write_ahead_log: std::env::var_os("BERTH_POWER_CUT_WAL").is_some(),
+        write_ahead_log: std::env::var_os("BERTH_POWER_CUT_NO_WAL").is_none(),
         ..Options::default()
     };
     let store = Store::open(Path::new(&dir), opts, berth::clock::system()).expect("open on LazyFS");

@@ -125,6 +125,7 @@ fn enqueue_at_start(engine: &Engine, f: &Path, specs: Vec<TaskSpec>) -> Result<(
 fn start_engine(config: &Config) -> Result<Engine, CliError> {
     let opts = Options {
         durability: config.durability,
+        write_ahead_log: config.write_ahead_log,
         budget: config.budget,
         role: Role::Daemon,
         disk_reserve: config.disk_reserve,

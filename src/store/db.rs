@@ -57,16 +57,15 @@ pub struct Options {
     /// cut; it exists to measure what power safety costs.
     pub power_safe: bool,
     /// Make commits durable with berth's write-ahead log (`db/wal`, see
-    /// `wal`) instead of a sled flush per commit. Off by default: it is
-    /// faster (one `pwrite` and one `fdatasync` per flush), but sled's own
-    /// files are then synced only in the background, and in LazyFS power
-    /// cuts (`tests/power_cut.rs` with `BERTH_POWER_CUT_WAL=1`) 1 in 80
-    /// left sled's files unreadable on 2026-12-01, which the default path
-    /// never did. The likely cause (a sled log message on the disk before
-    /// its blob file) is closed in `vendor/sled` since 2026-12-03, and 913
-    /// power cuts since left none unreadable; it stays off because the
-    /// engine is bound by CPU, not by the flush, so it was only about 7 %
-    /// faster end to end (ARCHITECTURE.md, "The write-ahead log").
+    /// `wal`) instead of a sled flush per commit. On by default (the
+    /// daemon and every command use it): a flush is one `pwrite` and one
+    /// `fdatasync` of the log, against sled's write of every page the
+    /// commits changed, its `sync_file_range` and berth's `fdatasync` of
+    /// `db/db`; sled's own files are flushed and synced in the background
+    /// (`sled_flush_every`). On 2026-12-06, `e2e_noop_sync` ran 15-35 %
+    /// faster with it (flushes 149-162 µs against 229-273) in three pairs.
+    /// Off, every commit waits for a sled flush (ARCHITECTURE.md, "The
+    /// write-ahead log", says what each path has shown in LazyFS power cuts).
     pub write_ahead_log: bool,
     /// With `write_ahead_log`: how long after a commit sled itself is flushed at the latest (in
     /// the background; also after 32 MiB of commits), so that the
@@ -94,7 +93,7 @@ impl Default for Options {
             create: true,
             cache_bytes: 16 << 20,
             power_safe: true,
-            write_ahead_log: false,
+            write_ahead_log: true,
             sled_flush_every: crate::store::wal::CHECKPOINT_EVERY,
             read_only: false,
             disk_reserve: health::DEFAULT_RESERVE,
