@@ -68,7 +68,8 @@ fn power_child() {
         return;
     };
     // `BERTH_POWER_CUT_NO_WAL=1` runs the writer without the write-ahead
-    // log (a sled flush per commit; the daemon always has the log).
+    // log (a sled flush per commit). The daemon's test runs it as a daemon
+    // runs by default, with the log.
     let opts = Options {
         write_ahead_log: std::env::var_os("BERTH_POWER_CUT_NO_WAL").is_none(),
         ..Options::default()

@@ -42,8 +42,8 @@ pub struct Session {
 
 impl Session {
     /// `--data-dir` (or `BERTH_DATA_DIR`) when given, else the config's
-    /// `data_dir`, else `./berth-data`; the budget and the disk reserve from
-    /// the config, or their defaults.
+    /// `data_dir`, else `./berth-data`; the budget, the disk reserve and
+    /// `write_ahead_log` from the config, or their defaults.
     pub fn from_args(cli: &Cli, data_dir_given: bool) -> Result<Session, CliError> {
         let config = match &cli.config {
             Some(path) => Some(Config::load(path).map_err(|e| CliError::input(e.to_string()))?),
@@ -85,6 +85,7 @@ impl Session {
             read_only: access == Access::Read,
             budget: self.budget,
             disk_reserve: self.disk_reserve,
+            write_ahead_log: self.config.as_ref().is_none_or(|c| c.write_ahead_log),
             ..Options::default()
         }
     }

@@ -57,8 +57,9 @@ pub struct Options {
     /// cut; it exists to measure what power safety costs.
     pub power_safe: bool,
     /// Make commits durable with berth's write-ahead log (`db/wal`, see
-    /// `wal`) instead of a sled flush per commit. On by default (the
-    /// daemon and every command use it): a flush is one `pwrite` and one
+    /// `wal`) instead of a sled flush per commit. On by default (a daemon
+    /// and the other commands turn it off when their config's
+    /// `write_ahead_log` is false): a flush is one `pwrite` and one
     /// `fdatasync` of the log, against sled's write of every page the
     /// commits changed, its `sync_file_range` and berth's `fdatasync` of
     /// `db/db`; sled's own files are flushed and synced in the background
