@@ -63,8 +63,9 @@ pub struct Options {
     /// `fdatasync` of the log, against sled's write of every page the
     /// commits changed, its `sync_file_range` and berth's `fdatasync` of
     /// `db/db`; sled's own files are flushed and synced in the background
-    /// (`sled_flush_every`). On 2026-12-06, `e2e_noop_sync` ran 15-35 %
-    /// faster with it (flushes 149-162 µs against 229-273) in three pairs.
+    /// (`sled_flush_every`). On 2026-12-06, `e2e_noop_sync` ran 8-37 %
+    /// faster with it, 15 % in the middle (flushes 121-162 µs against
+    /// 187-273), in seven pairs.
     /// Off, every commit waits for a sled flush (ARCHITECTURE.md, "The
     /// write-ahead log", says what each path has shown in LazyFS power cuts).
     pub write_ahead_log: bool,
