@@ -168,6 +168,83 @@ fn mount_or_skip(mib: u64) -> Option<Tmpfs> {
     }
 }
 
+/// The write-ahead log's segments in `dir` and the bytes the file system
+/// holds for each (its blocks, not its length).
+fn wal_segments(dir: &Path) -> Vec<(PathBuf, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out: Vec<(PathBuf, u64)> = std::fs::read_dir(dir.join("db").join("wal"))
+        .expect("db/wal")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "wal"))
+        .map(|p| {
+            let held = std::fs::metadata(&p).expect("segment").blocks() * 512;
+            (p, held)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Opens the store in `dir` and enqueues `n` tasks, one commit each
+/// (acknowledged: `sync`); returns the store, still open.
+fn store_with_tasks(dir: &Path, n: usize) -> berth::store::Store {
+    use berth::store::{Options, Placement, Store};
+    // A reserve of 1 MiB: this is about the log, not the guard.
+    let opts = Options {
+        disk_reserve: 1 << 20,
+        ..Options::default()
+    };
+    let store = Store::open(dir, opts, berth::clock::system()).expect("open");
+    for i in 0..n {
+        let spec = berth::task::TaskSpec {
+            queue: "main".into(),
+            kind: "K".into(),
+            name: format!("t{i}"),
+            ..Default::default()
+        };
+        let task = spec
+            .into_task(store.clock().now_ms(), store.budget())
+            .expect("task");
+        let mut w = store.write();
+        w.enqueue(task, Some(Placement::Last)).expect("enqueue");
+        w.commit().expect("an acknowledged commit");
+    }
+    store
+}
+
+#[test]
+fn the_write_ahead_log_reserves_no_space_ahead_on_a_nearly_full_disk() {
+    let Some(fs) = mount_or_skip(96) else { return };
+    let dir = fs.path.join("data");
+    // With room, the first segment takes its whole size at once (so that
+    // a flush's `fdatasync` has no new length to record).
+    let store = store_with_tasks(&dir, 1);
+    let segments = wal_segments(&dir);
+    assert_eq!(segments.len(), 1, "{segments:?}");
+    assert!(
+        segments[0].1 >= berth::store::WAL_SEGMENT_BYTES,
+        "{segments:?}"
+    );
+    drop(store);
+    // Nearly full: the segment holds only what its frames need, and the
+    // store goes on acknowledging tasks.
+    let ballast = fs.fill("ballast", berth::store::WAL_TIGHT - (8 << 20));
+    let free = fs.free();
+    let store = store_with_tasks(&dir, 200);
+    let segments = wal_segments(&dir);
+    assert_eq!(segments.len(), 1, "{segments:?}");
+    assert!(segments[0].1 < 1 << 20, "{segments:?}");
+    assert!(
+        free - fs.free() < berth::store::WAL_SEGMENT_BYTES,
+        "{} bytes taken for 200 tiny tasks",
+        free - fs.free()
+    );
+    drop(store);
+    free_ballast(&ballast);
+    let store = store_with_tasks(&dir, 0);
+    assert_eq!(store.queued_total(), 201);
+}
+
 #[test]
 fn a_full_disk_without_a_daemon_refuses_new_work_clearly_and_recovers() {
     let Some(fs) = mount_or_skip(160) else { return };

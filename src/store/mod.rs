@@ -40,4 +40,5 @@ pub use lock::Role;
 pub use order::Placement;
 pub use panics::catch as catch_panic;
 pub use snapshot::{LogCut, LogRecord, Snapshot};
+pub use wal::{SEGMENT_BYTES as WAL_SEGMENT_BYTES, TIGHT as WAL_TIGHT};
 pub use write::{Cancellation, Published, WriteTxn};

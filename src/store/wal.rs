@@ -28,6 +28,10 @@
 //!   conversion. Neither file ends in `.wal`, so reading never sees them.
 //! - **Without a spare** (the first segment after an open, or the spare not
 //!   ready yet): `fallocate` where the file system can.
+//! - **On a nearly full disk** (less than [`TIGHT`] free) neither is made:
+//!   a segment then grows with its frames, so that the log never fills
+//!   the last of the disk with zeros while tasks still need it to record
+//!   how they end (see `health`: below the reserve, only such writes go on).
 //!
 //! **Layout.** Header: `BERTHWAL` and a version (u32 LE, 1) and 4 zero
 //! bytes. Frame: body length (u32 LE), CRC-32 of what follows the CRC
@@ -71,6 +75,17 @@ pub const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
 
 /// Pending frames are written (by the sled flusher) once they are this many bytes.
 pub const PENDING_MAX: u64 = 16 << 20;
+/// Free space on the log's file system below which nothing is reserved
+/// ahead: no spare, no `fallocate` (see the module doc).
+pub const TIGHT: u64 = 2 * SEGMENT_BYTES;
+
+/// Whether the file system holding `dir` has less than [`TIGHT`] free (an
+/// unknown size, or a failed look, is not tight: the reservations are best
+/// effort anyway).
+fn space_is_tight(dir: &Path) -> bool {
+    matches!(super::health::free_bytes(dir), Ok(Some(free)) if free < TIGHT)
+}
+
 /// The next segment, zeroed and synced (see the module doc), and the file
 /// it is written in first.
 const SPARE: &str = "spare";
@@ -294,10 +309,10 @@ pub(crate) fn is_spare(name: &std::ffi::OsStr) -> bool {
     name == SPARE || name == SPARE_TMP
 }
 
-/// Writes the spare (see the module doc) unless there is one: zeros in
-/// `spare.tmp`, synced, then renamed `spare`.
+/// Writes the spare (see the module doc) unless there is one, or the disk
+/// is nearly full: zeros in `spare.tmp`, synced, then renamed `spare`.
 fn write_spare(dir: &Path) -> io::Result<()> {
-    if dir.join(SPARE).exists() {
+    if dir.join(SPARE).exists() || space_is_tight(dir) {
         return Ok(());
     }
     let tmp = dir.join(SPARE_TMP);
@@ -336,7 +351,12 @@ impl Segment {
         } else {
             // Best effort: a file system without `fallocate`, or one that
             // is nearly full, still takes the frames as they come.
-            if let Err(e) = reserve(&file, room) {
+            if space_is_tight(dir) {
+                log::debug!(
+                    "{}: no space reserved (the disk is nearly full)",
+                    path.display()
+                );
+            } else if let Err(e) = reserve(&file, room) {
                 log::debug!("{}: no space reserved ({e})", path.display());
             }
             file.sync_all()?;
