@@ -188,7 +188,7 @@ fn wal_segments(dir: &Path) -> Vec<(PathBuf, u64)> {
 /// Opens the store in `dir` and enqueues `n` tasks, one commit each
 /// (acknowledged: `sync`); returns the store, still open.
 fn store_with_tasks(dir: &Path, n: usize) -> berth::store::Store {
-    use berth::store::{Options, Placement, Store};
+    use berth::store::{Options, Store};
     // A reserve of 1 MiB: this is about the log, not the guard.
     let opts = Options {
         disk_reserve: 1 << 20,
@@ -202,12 +202,7 @@ fn store_with_tasks(dir: &Path, n: usize) -> berth::store::Store {
             name: format!("t{i}"),
             ..Default::default()
         };
-        let task = spec
-            .into_task(store.clock().now_ms(), store.budget())
-            .expect("task");
-        let mut w = store.write();
-        w.enqueue(task, Some(Placement::Last)).expect("enqueue");
-        w.commit().expect("an acknowledged commit");
+        common::producer::enqueue_acked(&store, spec);
     }
     store
 }

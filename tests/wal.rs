@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use berth::store::{Options, Placement, Store};
+use berth::store::{Options, Store};
 use berth::task::TaskSpec;
 use common::producer;
 
@@ -38,19 +38,14 @@ fn wal_child() {
     let store = Store::open(Path::new(&dir), options(), berth::clock::system()).expect("open");
     producer::end_libtest_line();
     for i in 0..COMMITS {
-        let task = TaskSpec {
+        let spec = TaskSpec {
             queue: "main".into(),
             kind: "Wal".into(),
             name: format!("t{i}"),
             payload: serde_json::json!({ "i": i }),
             ..Default::default()
-        }
-        .into_task(store.clock().now_ms(), store.budget())
-        .expect("into_task");
-        let mut w = store.write();
-        let id = w.enqueue(task, Some(Placement::Last)).expect("enqueue");
-        w.commit().expect("commit");
-        println!("{id}");
+        };
+        println!("{}", producer::enqueue_acked(&store, spec));
     }
     // Held open until killed: nothing flushes sled.
     loop {

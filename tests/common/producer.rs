@@ -17,16 +17,23 @@ pub fn end_libtest_line() {
         .expect("stdout");
 }
 
+/// Enqueues `spec` last in its queue, in a commit of its own, and returns
+/// its id once the commit returned (acknowledged, in `sync` mode).
+pub fn enqueue_acked(store: &Store, spec: TaskSpec) -> u64 {
+    let task = spec
+        .into_task(store.clock().now_ms(), store.budget())
+        .expect("into_task");
+    let mut w = store.write();
+    let id = w.enqueue(task, Some(Placement::Last)).expect("enqueue");
+    w.commit().expect("commit");
+    id
+}
+
 /// Enqueues `spec(0)`, `spec(1)`, ... forever, printing each id after its
 /// commit returned.
 pub fn produce(store: &Store, spec: impl Fn(u64) -> TaskSpec) -> ! {
     for i in 0u64.. {
-        let task = spec(i)
-            .into_task(store.clock().now_ms(), store.budget())
-            .expect("into_task");
-        let mut w = store.write();
-        let id = w.enqueue(task, Some(Placement::Last)).expect("enqueue");
-        w.commit().expect("commit");
+        let id = enqueue_acked(store, spec(i));
         // One write per line, under the stdout lock, flushed: a line the
         // parent reads is an id whose commit returned.
         let mut out = std::io::stdout().lock();
