@@ -44,7 +44,21 @@ const GATHER: std::time::Duration = std::time::Duration::from_millis(2);
 /// of a million-task enqueue, against 0.09 s for the others. The memory
 /// held is at most about twice this: the round's map, and the commits made
 /// while it is written.
-const MAX_PENDING: usize = 100_000;
+///
+/// Why 10,000 (one batch of 10,000 tasks on an idle store never waits):
+/// until 2026-12-06 the bound was 100,000. The first 100,000 or so key
+/// writes of a burst were then acknowledged at the commit path's speed
+/// (about 230,000 tasks/s here) and the rest at the applier's (about
+/// 130,000-150,000), so a long batch enqueue slowed down by a third once
+/// the overlay was full, whatever the size of the tree
+/// (`enqueue_batch_1m_flatness` 0.53-0.70, 100,000 tasks at a time in
+/// windows of 198,743, 187,947, 174,613, 144,679, ... 128,718 tasks/s).
+/// With 10,000 a burst runs at the applier's pace from its second batch
+/// on (134,514, 112,928, ... 128,035: flatness 0.72-0.95 against
+/// 0.65 in the same hour), `e2e_noop_sync` is unchanged (four pairs:
+/// 23,088 against 23,615 tasks/s, within the noise), and the overlay and
+/// the records open re-applies after a crash are a tenth as large.
+const MAX_PENDING: usize = 10_000;
 
 /// Keys the applier writes between two reports of its progress to the
 /// commits waiting for room.
