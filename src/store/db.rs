@@ -132,6 +132,8 @@ pub struct Store {
     pub(super) budget: Budget,
     pub(super) durability: Durability,
     pub(super) reserve: u64,
+    /// The data dir's file system, asked for the space left.
+    pub(super) space: health::Space,
     /// Committed key writes not yet applied to the tree; every read looks here first.
     pub(super) overlay: Arc<Overlay>,
     /// sled's files, synced after every flush.
@@ -267,7 +269,7 @@ impl Store {
 
     /// Bytes free on the data dir's filesystem (`None`: it does not say).
     pub fn free_space(&self) -> std::io::Result<Option<u64>> {
-        health::free_bytes(&self.dir)
+        self.space.free_bytes()
     }
 
     /// The disk space kept free (0: no guard).
@@ -278,7 +280,7 @@ impl Store {
     /// Whether less than the reserve is free: the engine then starts no
     /// task, so that the tasks running can still record how they ended.
     pub fn below_reserve(&self) -> Option<SpaceError> {
-        health::check_space(&self.dir, self.reserve, 0).err()
+        self.space.check(self.reserve, 0).err()
     }
 
     /// A transaction has begun (so a flush leader may wait for it).
@@ -304,7 +306,8 @@ impl Store {
 
     /// Checks the space for a commit of new work whose record is `bytes` long.
     pub(crate) fn check_space(&self, bytes: usize) -> Result<(), SpaceError> {
-        health::check_space(&self.dir, self.reserve, health::need_for_record(bytes))
+        self.space
+            .check(self.reserve, health::need_for_record(bytes))
     }
 
     /// The acknowledged path of a commit, under the write lock: inserts its

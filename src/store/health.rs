@@ -18,7 +18,9 @@
 //! record how they ended, and for stopping. Writes resume by themselves
 //! once space is freed: every check asks the filesystem again.
 
-use std::path::Path;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -88,11 +90,58 @@ pub fn free_bytes(dir: &Path) -> std::io::Result<Option<u64>> {
         return Err(std::io::Error::last_os_error());
     }
     // SAFETY: statvfs returned 0, so `st` is initialized.
-    let st = unsafe { st.assume_init() };
-    if st.f_blocks == 0 {
-        return Ok(None);
+    Ok(available(unsafe { st.assume_init() }))
+}
+
+/// The bytes a `statvfs` says an unprivileged writer has (see [`free_bytes`]).
+fn available(st: libc::statvfs) -> Option<u64> {
+    (st.f_blocks != 0).then(|| st.f_bavail.saturating_mul(st.f_frsize))
+}
+
+/// An open store's data dir, asked for its free space through a handle
+/// held open (`fstatvfs`). The store asks at every commit of new work and
+/// the engine at every step; `statvfs` by path walked the path each time,
+/// which was most of the call (`e2e_noop_sync`: 0.63 % of all CPU in the
+/// walk against 0.11 % in the file system's own count; eight producers
+/// committing: 3.8 %, under the store's write lock).
+#[derive(Debug)]
+pub struct Space {
+    dir: PathBuf,
+    /// `None` if the dir could not be opened: then asked by path.
+    handle: Option<File>,
+}
+
+impl Space {
+    pub fn new(dir: &Path) -> Space {
+        Space {
+            dir: dir.to_path_buf(),
+            handle: File::open(dir).ok(),
+        }
     }
-    Ok(Some(st.f_bavail.saturating_mul(st.f_frsize)))
+
+    /// Bytes free for an unprivileged writer (see [`free_bytes`]).
+    pub fn free_bytes(&self) -> std::io::Result<Option<u64>> {
+        let Some(handle) = &self.handle else {
+            return free_bytes(&self.dir);
+        };
+        let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+        // SAFETY: fstatvfs(3) fills `st` when it returns 0; the descriptor
+        // is open for as long as `handle` lives.
+        let r = unsafe { libc::fstatvfs(handle.as_raw_fd(), st.as_mut_ptr()) };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: fstatvfs returned 0, so `st` is initialized.
+        Ok(available(unsafe { st.assume_init() }))
+    }
+
+    /// [`check_space`] through the held handle.
+    pub fn check(&self, reserve: u64, need: u64) -> Result<(), SpaceError> {
+        if reserve == 0 {
+            return Ok(());
+        }
+        judge(&self.dir, self.free_bytes(), reserve, need)
+    }
 }
 
 /// Not enough free disk space for what was asked.
@@ -131,7 +180,17 @@ pub fn check_space(dir: &Path, reserve: u64, need: u64) -> Result<(), SpaceError
     if reserve == 0 {
         return Ok(());
     }
-    match free_bytes(dir) {
+    judge(dir, free_bytes(dir), reserve, need)
+}
+
+/// The verdict of [`check_space`] on what the file system said.
+fn judge(
+    dir: &Path,
+    free: std::io::Result<Option<u64>>,
+    reserve: u64,
+    need: u64,
+) -> Result<(), SpaceError> {
+    match free {
         Ok(Some(free)) if free < reserve.saturating_add(need) => Err(SpaceError {
             dir: dir.display().to_string(),
             free,
@@ -155,6 +214,21 @@ mod tests {
         assert!(
             check_space(dir.path(), 0, u64::MAX).is_ok(),
             "0 turns it off"
+        );
+        // Through a held handle: the same answer.
+        let space = Space::new(dir.path());
+        assert!(space.handle.is_some());
+        let held = space.free_bytes().unwrap().expect("a size");
+        let by_path = free_bytes(dir.path()).unwrap().expect("a size");
+        assert!(
+            held.abs_diff(by_path) < 64 << 20,
+            "{held} against {by_path}"
+        );
+        assert!(space.check(1, 0).is_ok());
+        assert!(space.check(0, u64::MAX).is_ok(), "0 turns it off");
+        assert_eq!(
+            space.check(u64::MAX / 2, 1 << 20).unwrap_err().need,
+            1 << 20
         );
         let e = check_space(dir.path(), u64::MAX / 2, 1 << 20).unwrap_err();
         assert_eq!(e.need, 1 << 20);

@@ -1113,6 +1113,7 @@ impl Store {
             budget: opts.budget,
             durability: opts.durability,
             reserve: opts.disk_reserve,
+            space: crate::store::health::Space::new(dir),
             overlay,
             files,
             applier: Some(applier),
