@@ -17,8 +17,9 @@
 //!   20, and `enqueue_batch_1m_flatness_after_first` (x), last / second:
 //!   a batch's key writes wait in the store's overlay (up to 10,000 not
 //!   yet written, `overlay::MAX_PENDING`) and the applier threads write
-//!   them to sled during the next batches, so from the second batch on the
-//!   applier sets the pace: a batch waits until it has written enough of
+//!   them to sled during the next batches, so the applier sets the pace
+//!   (after the first 30,000-40,000 tasks, which go faster on a tree small
+//!   enough for sled's cache): a batch waits until it has written enough of
 //!   its round (before, a batch that found the overlay full waited for the
 //!   whole round to end: 0.36-0.63 s for the slowest batch of a run,
 //!   against 0.13-0.18 s since, and about 0.09 s for most batches). With

@@ -53,11 +53,15 @@ const GATHER: std::time::Duration = std::time::Duration::from_millis(2);
 /// the overlay was full, whatever the size of the tree
 /// (`enqueue_batch_1m_flatness` 0.53-0.70, 100,000 tasks at a time in
 /// windows of 198,743, 187,947, 174,613, 144,679, ... 128,718 tasks/s).
-/// With 10,000 a burst runs at the applier's pace from its second batch
-/// on (134,514, 112,928, ... 128,035: flatness 0.72-0.95 against
-/// 0.65 in the same hour), `e2e_noop_sync` is unchanged (four pairs:
-/// 23,088 against 23,615 tasks/s, within the noise), and the overlay and
-/// the records open re-applies after a crash are a tenth as large.
+/// With 10,000 a burst runs at the applier's pace once its first 30,000 to
+/// 40,000 tasks are in (those still go faster, on a tree small enough for
+/// sled's cache), then stays flat to the millionth (134,514, 112,928, ...
+/// 128,035: flatness 0.72-0.95 against 0.65 in the same hour);
+/// `e2e_noop_sync` is unchanged (four pairs: 23,088 against 23,615
+/// tasks/s, within the noise) while `e2e_noop_sync_enqueue`, 100,000 tasks
+/// into an idle store, now goes at the applier's pace (about 130,000
+/// tasks/s against 200,000); and the overlay and the records open
+/// re-applies after a crash are a tenth as large.
 const MAX_PENDING: usize = 10_000;
 
 /// Keys the applier writes between two reports of its progress to the
