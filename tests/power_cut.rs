@@ -35,6 +35,50 @@ fn signal(child: &Child, sig: i32) {
     }
 }
 
+/// Each thread of process `pid`: its name, the kernel function it sleeps
+/// in (`wchan`), the system call it is in (`syscall`: number and
+/// arguments) and, where the kernel shows it (as root), its kernel stack.
+fn where_threads_wait(pid: u32) -> String {
+    let read = |path: std::path::PathBuf| {
+        std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    };
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return "(gone)".into();
+    };
+    let mut out = String::new();
+    for task in tasks.flatten() {
+        let t = task.path();
+        out += &format!(
+            "{} {}: wchan {}, syscall {}\n{}\n",
+            task.file_name().to_string_lossy(),
+            read(t.join("comm")),
+            read(t.join("wchan")),
+            read(t.join("syscall")),
+            read(t.join("stack"))
+        );
+    }
+    out
+}
+
+#[test]
+fn where_threads_wait_shows_each_thread_of_a_process() {
+    // SAFETY: gettid(2) has no preconditions.
+    let tid = unsafe { libc::gettid() };
+    let shown = where_threads_wait(std::process::id());
+    let line = shown
+        .lines()
+        .find(|l| l.starts_with(&format!("{tid} ")))
+        .unwrap_or_else(|| panic!("no line for thread {tid} in:\n{shown}"));
+    assert!(
+        line.contains(": wchan ") && line.contains(", syscall "),
+        "{line}"
+    );
+    assert_eq!(where_threads_wait(u32::MAX), "(gone)");
+}
+
 /// A payload of `len` characters that gzip cannot shrink much, so that the
 /// stored record goes to one of sled's blob files (over ~128 KiB).
 fn noise(len: usize, seed: u64) -> String {
@@ -191,8 +235,14 @@ fn a_store_held_open_survives_a_power_cut() {
                 break;
             }
             Err(e) => {
+                // Where each of its threads waits, for a stall seen once in
+                // about 800 runs (2026-12-06) that no later run showed.
+                let threads = where_threads_wait(child.id());
                 let _ = child.kill();
-                panic!("the child acknowledged only {} tasks: {e}", acked.len());
+                panic!(
+                    "the child acknowledged only {} tasks: {e}; its threads:\n{threads}",
+                    acked.len()
+                );
             }
         }
     }
