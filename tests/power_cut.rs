@@ -321,10 +321,11 @@ fn start_producing(fs: &LazyFs) -> Result<(Child, mpsc::Receiver<u64>, u64), Str
     match ids.recv_timeout(Duration::from_secs(120)) {
         Ok(first) => Ok((child, ids, first)),
         Err(e) => {
+            let threads = where_threads_wait(child.id());
             let _ = child.kill();
             let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
             Err(format!(
-                "no task acknowledged ({e}); the child ended: {status}"
+                "no task acknowledged ({e}); the child ended: {status}; its threads were:\n{threads}"
             ))
         }
     }
