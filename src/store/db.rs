@@ -323,21 +323,31 @@ impl Store {
         writes: Vec<KeyWrite>,
     ) -> Result<u64, WriteError> {
         self.overlay.wait_for_room();
-        let written = {
-            let _writing = self.trees.writing();
-            records::writes(first_seq, &record).apply(&self.trees.main)
-        };
-        if let Err(e) = written {
-            self.failed.fail(&self.trees.main, &e);
-            return Err(WriteError::Database(e));
+        let writes = writes.into_iter().map(|w| (w.key, w.value));
+        match &self.wal {
+            // The log makes the commit durable; the record goes to the
+            // tree with its key writes, in the applier's next round (a
+            // checkpoint releases only the frames of applied records).
+            Some(wal) => {
+                wal.append(first_seq, next_seq, &record);
+                let log = records::pieces(first_seq, &record)
+                    .into_iter()
+                    .map(|(k, v)| (k, Some(v.to_vec())));
+                self.overlay.put(first_seq, log.chain(writes));
+            }
+            // sled's flush makes it durable: the record goes to the tree now.
+            None => {
+                let written = {
+                    let _writing = self.trees.writing();
+                    records::writes(first_seq, &record).apply(&self.trees.main)
+                };
+                if let Err(e) = written {
+                    self.failed.fail(&self.trees.main, &e);
+                    return Err(WriteError::Database(e));
+                }
+                self.overlay.put(first_seq, writes);
+            }
         }
-        // After sled has it: a sled flush that begins once the frame is
-        // appended covers its record (see `wal`).
-        if let Some(wal) = &self.wal {
-            wal.append(first_seq, next_seq, &record);
-        }
-        self.overlay
-            .put(first_seq, writes.into_iter().map(|w| (w.key, w.value)));
         Ok(self.commit.published())
     }
 
@@ -368,7 +378,9 @@ impl Store {
     /// (meta keys, the log's cut), at a close, and in the background.
     pub(crate) fn flush_sled(&self) -> std::io::Result<()> {
         match &self.wal {
-            Some(wal) => checkpoint_sled(wal, &self.trees, &self.files, &self.failed),
+            Some(wal) => {
+                checkpoint_sled(wal, &self.overlay, &self.trees, &self.files, &self.failed)
+            }
             None if self.read_only => Ok(()),
             // Per commit: commits go on beside it (holding writers back here
             // made eight producers no faster than one).
@@ -640,19 +652,13 @@ impl Store {
         &self,
         from_seq: u64,
     ) -> impl Iterator<Item = Result<Event, CorruptRecord>> + '_ {
-        // Start at the record that holds `from_seq`.
-        let start = self
-            .trees
-            .main
-            .range(records::range(0, from_seq))
-            .next_back()
-            .and_then(|r| r.ok())
-            .and_then(|(k, _)| records::key_seq(&k))
-            .unwrap_or(from_seq);
-        // Under the write lock, a record is in the tree before its events
+        // Under the write lock, a record is committed before its events
         // are counted.
         let last = self.next_seq().saturating_sub(1);
-        records::read(&self.trees.main, start, last).flat_map(move |item| {
+        let log = self.log_view();
+        // Start at the record that holds `from_seq`.
+        let start = log.holding(from_seq).unwrap_or(from_seq);
+        log.read(start, last).flat_map(move |item| {
             let decoded = item
                 .map_err(records::Unread::corrupt)
                 .and_then(|l| l.record());
@@ -673,12 +679,23 @@ impl Store {
     /// commit record), or `None` when the log is empty. (Once retention
     /// moves old records into archive segments, it is more than 1.)
     pub fn first_logged_seq(&self) -> Result<Option<u64>, CorruptRecord> {
-        match self.trees.main.scan_prefix([EVENT]).next() {
-            None => Ok(None),
-            Some(Err(e)) => Err(CorruptRecord::new(&[EVENT], e)),
-            Some(Ok((k, _))) => records::key_seq(&k)
+        match self.log_view().first_key() {
+            Ok(None) => Ok(None),
+            Err(e) => Err(CorruptRecord::new(&[EVENT], e)),
+            Ok(Some(k)) => records::key_seq(&k)
                 .map(Some)
                 .ok_or_else(|| CorruptRecord::new(&k, "not a commit record key")),
+        }
+    }
+
+    /// The commit records as readers see them: those in the tree and those
+    /// the applier has yet to write there.
+    pub(crate) fn log_view(&self) -> records::View<'_> {
+        let (pending, last) = self.overlay.pending_records();
+        records::View {
+            tree: &self.trees.main,
+            pending,
+            last,
         }
     }
 
@@ -847,11 +864,14 @@ fn flush_wal(wal: &Wal, tree: &sled::Db, failed: &Failed) -> std::io::Result<()>
 /// writing.
 pub(crate) fn checkpoint_sled(
     wal: &Wal,
+    overlay: &Overlay,
     trees: &Trees,
     files: &DbFiles,
     failed: &Failed,
 ) -> std::io::Result<()> {
-    let upto = wal.begin_checkpoint();
+    // The frames whose records the tree holds now: appended, and applied
+    // (a record reaches the tree in an apply round after its frame).
+    let upto = wal.begin_checkpoint().min(overlay.applied_record());
     check_not_failed(failed)?;
     if let Err(e) = trees.main.flush() {
         failed.fail(&trees.main, &e);
@@ -910,6 +930,7 @@ const CHECKPOINT_POLL: Duration = Duration::from_millis(100);
 /// the log's pending frames once there are many (`Wal::pending_full`).
 pub(crate) fn spawn_sled_flusher(
     trees: Trees,
+    overlay: Arc<Overlay>,
     wal: Arc<Wal>,
     files: Arc<DbFiles>,
     failed: Arc<Failed>,
@@ -934,7 +955,7 @@ pub(crate) fn spawn_sled_flusher(
                 if !wal.checkpoint_due() {
                     continue;
                 }
-                if let Err(e) = checkpoint_sled(&wal, &trees, &files, &failed) {
+                if let Err(e) = checkpoint_sled(&wal, &overlay, &trees, &files, &failed) {
                     log::error!("flushing sled failed: {e}");
                 }
             }

@@ -573,7 +573,9 @@ fn reapply(
                 next_id = rec.next_id;
                 next_seq = rec.events.last().map_or(1, |e| e.seq + 1);
             }
-            Err(record) if l.keys.len() > 1 => {
+            // Pieces (a record in pieces has two at least) that do not
+            // decode: torn.
+            Err(record) if l.keys.len() > 1 || l.keys.first().is_some_and(|k| k.len() == 13) => {
                 next_seq = l.seq + 1;
                 torn = Some((l.seq, l.keys, record));
             }
@@ -584,14 +586,17 @@ fn reapply(
         }
     }
     if let Some((seq, keys, why)) = torn {
-        // The log's last record, in pieces that are not whole: the sled
-        // batch that wrote them was cut by the error that stopped the store
-        // (sled 0.34 can keep part of a batch it failed to write), so its
-        // commit was never acknowledged. Its pieces go, and the next commit
+        // The log's last record, in pieces that are not whole, and not in
+        // the write-ahead log (`replay_wal` would have put it back whole):
+        // its commit was never acknowledged. The applier writes a record's
+        // pieces one by one, and a sled flush (or the sled batch of a store
+        // without the log, which sled 0.34 can keep part of when it fails
+        // to write it) may have kept some of them before a crash or the
+        // error that stopped the store. Its pieces go, and the next commit
         // takes its number.
         log::warn!(
-            "{}: the last commit record (event {seq} on) was cut by the failure that stopped \
-             the store and was never acknowledged; removing it ({})",
+            "{}: the last commit record (event {seq} on) was cut short by a crash or by the \
+             failure that stopped the store, and was never acknowledged; removing it ({})",
             o.dir.display(),
             why.reason
         );
@@ -1087,6 +1092,7 @@ impl Store {
             Some(wal) => Some(
                 super::db::spawn_sled_flusher(
                     trees.clone(),
+                    overlay.clone(),
                     wal.clone(),
                     files.clone(),
                     failed.clone(),

@@ -1,24 +1,39 @@
 //! Deferred apply: the key writes of committed transactions that are not yet
 //! in sled's tree, and the background thread that applies them.
 //!
-//! A commit inserts only its commit record (events + exact key writes) into
-//! sled and puts its key writes here. Every read consults the overlay first,
-//! so readers see committed state at once. The applier thread takes
-//! everything pending in one move (the map becomes the round's `applying`
-//! map, still read by readers, and commits go on into a new empty one that
-//! shadows it), writes it to the tree with plain inserts (a key changed by
-//! several commits since the last round is written once, with its latest
-//! value), then (every [`MARK_EVERY`], and when it goes idle) writes
-//! `mapplied` = the key of the last commit record the round covered, and
-//! drops the `applying` map. The lock is held for O(1) per round, not for a
-//! copy of everything pending.
+//! A commit puts its key writes here. With a write-ahead log (what makes it
+//! durable, see `wal`) its commit record (events + exact key writes) comes
+//! here too, as the keys that store it (`records::pieces`); without one,
+//! the commit inserts the record into sled itself, since sled's flush is
+//! then what makes it durable. Every read consults the overlay first, so
+//! readers see committed state at once (the log's readers through
+//! `records::View`). The applier thread takes everything pending in one
+//! move (the map becomes the round's `applying` map, still read by
+//! readers, and commits go on into a new empty one that shadows it),
+//! writes the round's commit records to the tree, in order, then its other
+//! keys, with plain inserts (a key changed by several commits since the
+//! last round is written once, with its latest value), then (every
+//! [`MARK_EVERY`], and when it goes idle) writes `mapplied` = the key of
+//! the last commit record the round covered, and drops the `applying` map.
+//! The lock is held for O(1) per round, not for a copy of everything
+//! pending.
+//!
+//! Why the record waits for the applier: inserting it into sled in the
+//! committing thread, under the write lock, was a third of the lock's hold
+//! and serialised every commit (8 producers ran at 2.2-2.4 times one; 64
+//! producers no faster than 8), and was on the engine's critical path at
+//! each step.
 //!
 //! Crash argument: sled recovers a prefix of its log. The applier writes a
-//! commit's keys only after its record was inserted, and `mapplied` only
-//! after the keys it covers, so after a crash every record after the
-//! recovered `mapplied` is re-applied at open, in order; the writes are whole
-//! values, so re-applying is harmless and yields exactly the state of the
-//! last recovered record.
+//! commit's keys only after its record (a round's records first, on one
+//! thread, in order; then its keys), and `mapplied` only after the keys it
+//! covers, so after a crash every record after the recovered `mapplied` is
+//! re-applied at open, in order; the writes are whole values, so
+//! re-applying is harmless and yields exactly the state of the last
+//! recovered record. A record sled lost is in the write-ahead log: a
+//! checkpoint deletes only the frames of records applied before its sled
+//! flush began (`db.rs` `checkpoint_sled`), and open puts the frames after
+//! sled's last record back first (`open.rs` `replay_wal`).
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
@@ -31,7 +46,8 @@ use sled::IVec;
 use crate::codec;
 use crate::store::event::KeyWrite;
 use crate::store::health::Failed;
-use crate::store::keys;
+use crate::store::keys::{self, EVENT};
+use crate::store::records;
 
 /// How long the applier lets commits gather after it wakes up.
 const GATHER: std::time::Duration = std::time::Duration::from_millis(2);
@@ -101,6 +117,7 @@ struct State {
     committed_record: u64,
     /// Version and record covered by the last finished apply round.
     applied_version: u64,
+    applied_record: u64,
     /// The record of the last `mapplied` written (see [`Overlay::wait_marked`]).
     marked: u64,
     /// The applier should drain and end.
@@ -128,6 +145,7 @@ impl Overlay {
         {
             let mut st = ov.lock();
             st.committed_record = record;
+            st.applied_record = record;
             st.marked = record;
         }
         ov
@@ -173,6 +191,28 @@ impl Overlay {
         out
     }
 
+    /// The commit records not yet in the tree (whole or in pieces, by key),
+    /// and the key of the last record committed.
+    pub fn pending_records(&self) -> (records::Pending, u64) {
+        let st = self.lock();
+        let mut out = records::Pending::new();
+        for w in st.applying.as_deref().into_iter().chain([&st.map]) {
+            for (k, v) in w.range::<[u8], _>(LOG) {
+                // A record is never removed through the overlay.
+                if let Some(v) = v {
+                    out.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        (out, st.committed_record)
+    }
+
+    /// The key of the last commit record whose writes (the record's own
+    /// keys among them) are all in the tree, and of every one before it.
+    pub fn applied_record(&self) -> u64 {
+        self.lock().applied_record
+    }
+
     /// Key writes not yet in the tree: those pending less those of the
     /// round under way that the applier has already written.
     fn unwritten(&self, st: &State) -> usize {
@@ -181,7 +221,7 @@ impl Overlay {
     }
 
     /// Waits while too many key writes are not yet in the tree (called
-    /// before a commit inserts its record).
+    /// before a commit logs its record).
     pub fn wait_for_room(&self) {
         let full = |st: &State| self.unwritten(st) > MAX_PENDING && !st.failed && !st.stop;
         let mut st = self.lock();
@@ -210,7 +250,8 @@ impl Overlay {
         }
     }
 
-    /// Puts one commit's key writes (after its record is in sled). Call it
+    /// Puts one commit's key writes (with the write-ahead log, its record's
+    /// keys among them; without it, after its record is in sled). Call it
     /// under the store's write lock, so commits arrive in record order.
     pub fn put(&self, record: u64, writes: impl IntoIterator<Item = (Vec<u8>, Option<Vec<u8>>)>) {
         let mut st = self.lock();
@@ -224,11 +265,12 @@ impl Overlay {
 
     /// Waits until `mapplied` says every commit record up to `record` is
     /// applied (the applier writes it when it goes idle, and every
-    /// [`MARK_EVERY`] while it is busy). False when the applier failed or
-    /// stopped first.
+    /// [`MARK_EVERY`] while it is busy), and the round that applied it has
+    /// ended (its records are read from the tree alone: the log's cut may
+    /// take them out). False when the applier failed or stopped first.
     pub fn wait_marked(&self, record: u64) -> bool {
         let mut st = self.lock();
-        while st.marked < record {
+        while st.marked < record || st.applied_record < record {
             if st.failed || st.stop || st.committed_record < record {
                 return false;
             }
@@ -272,6 +314,10 @@ impl Overlay {
             Round::Apply(round) => round,
         };
         // A failed write leaves `applying` in place: reads stay right.
+        // The round's commit records first, in order, on this thread: a
+        // commit's keys reach sled's log after its record (see the module
+        // doc).
+        apply_range(trees, &round.writes, LOG, Keys::All, self)?;
         match (split_key(&round.writes), helper) {
             // A large round: the helper writes the keys from the middle one
             // on while this thread writes those before it.
@@ -281,6 +327,7 @@ impl Overlay {
                     trees,
                     &round.writes,
                     (Bound::Unbounded, Bound::Excluded(&split)),
+                    Keys::NotLog,
                     self,
                 );
                 let second = helper.finished();
@@ -291,13 +338,14 @@ impl Overlay {
                 trees,
                 &round.writes,
                 (Bound::Unbounded, Bound::Unbounded),
+                Keys::NotLog,
                 self,
             )?,
         }
         if mark.due() {
             self.write_mark(trees, round.record)?;
         }
-        self.end_round(round.version);
+        self.end_round(round.version, round.record);
         Ok(true)
     }
 
@@ -323,11 +371,12 @@ impl Overlay {
     }
 
     /// The round's writes are in the tree: readers no longer need them.
-    fn end_round(&self, version: u64) {
+    fn end_round(&self, version: u64, record: u64) {
         let mut st = self.lock();
         st.applying = None;
         self.written.store(0, Ordering::SeqCst);
         st.applied_version = version;
+        st.applied_record = record;
         self.cv.notify_all();
     }
 
@@ -416,9 +465,13 @@ fn apply_range(
     trees: &Trees,
     writes: &Writes,
     range: (Bound<&[u8]>, Bound<&[u8]>),
+    which: Keys,
     overlay: &Overlay,
 ) -> Result<(), sled::Error> {
-    let mut writes = writes.range::<[u8], _>(range).peekable();
+    let mut writes = writes
+        .range::<[u8], _>(range)
+        .filter(|(k, _)| which == Keys::All || k.first() != Some(&EVENT))
+        .peekable();
     let mut unreported = 0;
     while writes.peek().is_some() {
         let _writing = trees.writing();
@@ -432,6 +485,18 @@ fn apply_range(
     }
     overlay.wrote(unreported);
     Ok(())
+}
+
+/// The commit records' keys (whole or pieces).
+const LOG: (Bound<&[u8]>, Bound<&[u8]>) =
+    (Bound::Included(&[EVENT]), Bound::Excluded(&[EVENT + 1]));
+
+/// Which keys of a range [`apply_range`] writes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Keys {
+    All,
+    /// All but the commit records' (written first, alone).
+    NotLog,
 }
 
 /// Keys the applier writes under one hold of the sync gate: few enough
@@ -482,6 +547,7 @@ impl Helper {
                         &trees,
                         &writes,
                         (Bound::Included(&from), Bound::Unbounded),
+                        Keys::NotLog,
                         &overlay,
                     );
                     if done_tx.send(r).is_err() {
@@ -752,6 +818,7 @@ mod tests {
             &trees,
             &round.writes,
             (Bound::Unbounded, Bound::Excluded(&upto)),
+            Keys::All,
             &ov,
         )
         .unwrap();
@@ -766,10 +833,11 @@ mod tests {
             &trees,
             &round.writes,
             (Bound::Included(&upto), Bound::Unbounded),
+            Keys::All,
             &ov,
         )
         .unwrap();
-        ov.end_round(round.version);
+        ov.end_round(round.version, round.record);
         assert_eq!(ov.unwritten(&ov.lock()), 0);
         assert_eq!(ov.lock().pending(), 0);
         assert_eq!(trees.main.len(), n);
@@ -816,7 +884,7 @@ mod tests {
             [("ta", true), ("tb", false), ("tc", true), ("td", true)]
                 .map(|(k, v)| (k.to_string(), v))
         );
-        ov.end_round(round.version);
+        ov.end_round(round.version, round.record);
         assert_eq!(
             value(&ov, "ta"),
             None,
@@ -829,7 +897,7 @@ mod tests {
             panic!("the newer writes are pending")
         };
         assert_eq!(next.record, 3);
-        ov.end_round(next.version);
+        ov.end_round(next.version, next.record);
         assert!(matches!(ov.begin_round(), Round::Mark(3)));
         ov.marked(3);
         assert!(matches!(ov.begin_round(), Round::Idle));

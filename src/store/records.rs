@@ -53,13 +53,138 @@ pub fn writes(seq: u64, record: &[u8]) -> Stored {
         return Stored::Whole(keys::id_key(EVENT, seq), sled::IVec::from(record));
     }
     let mut batch = sled::Batch::default();
-    for (i, piece) in record.chunks(CHUNK).enumerate() {
-        // A record is at most `codec::MAX_RECORD_BYTES`: far fewer pieces
-        // than u32 numbers.
-        let i = u32::try_from(i).unwrap_or(u32::MAX);
-        batch.insert(&piece_key(seq, i)[..], piece);
+    for (key, piece) in pieces(seq, record) {
+        batch.insert(key, piece);
     }
     Stored::Pieces(batch)
+}
+
+/// The keys and values that store `record`: its whole key, or its pieces.
+pub fn pieces(seq: u64, record: &[u8]) -> Vec<(Vec<u8>, &[u8])> {
+    if record.len() <= CHUNK {
+        return vec![(keys::id_key(EVENT, seq).to_vec(), record)];
+    }
+    record
+        .chunks(CHUNK)
+        .enumerate()
+        // A record is at most `codec::MAX_RECORD_BYTES`: far fewer pieces
+        // than u32 numbers.
+        .map(|(i, piece)| {
+            let i = u32::try_from(i).unwrap_or(u32::MAX);
+            (piece_key(seq, i).to_vec(), piece)
+        })
+        .collect()
+}
+
+/// Record keys not yet in the tree (the overlay's, see `overlay`), in key order.
+pub type Pending = std::collections::BTreeMap<Vec<u8>, IVec>;
+
+/// The log as a reader sees it: the records in the tree and those written
+/// after them that are still pending (with a write-ahead log, a commit's
+/// record reaches the tree in the applier's next round), up to the last
+/// record committed when the view was taken. The pending records are
+/// taken before the tree is read: a record the applier writes meanwhile is
+/// read from one or the other.
+pub struct View<'t> {
+    pub tree: &'t sled::Tree,
+    pub pending: Pending,
+    /// The key (first event number) of the last record committed.
+    pub last: u64,
+}
+
+impl<'t> View<'t> {
+    /// The records whose first event is in `from..=to` (and not after the
+    /// view's last record: one committed since may be half in the tree).
+    pub fn read(&self, from: u64, to: u64) -> Records<Merged> {
+        let to = to.min(self.last);
+        let range = match from <= to {
+            true => range(from, to),
+            // Nothing (a map's range must not begin after its end).
+            false => {
+                let at = keys::id_key(EVENT, from).to_vec();
+                (Bound::Included(at.clone()), Bound::Excluded(at))
+            }
+        };
+        let pending: Pending = self
+            .pending
+            .range::<Vec<u8>, _>((range.0.as_ref(), range.1.as_ref()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        Records::new(Merged {
+            tree: self.tree.range(range).peekable(),
+            pending: pending.into_iter().peekable(),
+        })
+    }
+
+    /// The first event number of the log's last record.
+    pub fn last_seq(&self) -> sled::Result<Option<u64>> {
+        let pending = self.pending.keys().next_back().and_then(|k| key_seq(k));
+        Ok(last_seq(self.tree)?.max(pending))
+    }
+
+    /// The key of the log's first record (`Err` names a key that is no
+    /// record's).
+    pub fn first_key(&self) -> sled::Result<Option<Vec<u8>>> {
+        let tree = self.tree.scan_prefix([EVENT]).next().transpose()?;
+        let tree = tree.map(|(k, _)| k.to_vec());
+        let pending = self.pending.keys().next().cloned();
+        Ok(match (tree, pending) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        })
+    }
+
+    /// The first event number of the last record that begins at or before
+    /// `seq` (the one that holds event `seq`, if any does).
+    pub fn holding(&self, seq: u64) -> Option<u64> {
+        let range = range(0, seq);
+        let tree = self
+            .tree
+            .range(range.clone())
+            .next_back()
+            .and_then(|r| r.ok())
+            .and_then(|(k, _)| key_seq(&k));
+        let pending = self
+            .pending
+            .range::<Vec<u8>, _>((range.0.as_ref(), range.1.as_ref()))
+            .next_back()
+            .and_then(|(k, _)| key_seq(k));
+        tree.max(pending)
+    }
+}
+
+/// A range of the tree's record keys merged with the pending ones (a key
+/// in both is read once, as pending).
+pub struct Merged {
+    tree: std::iter::Peekable<sled::Iter>,
+    pending: std::iter::Peekable<std::collections::btree_map::IntoIter<Vec<u8>, IVec>>,
+}
+
+impl Iterator for Merged {
+    type Item = sled::Result<(IVec, IVec)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        use std::cmp::Ordering::*;
+        let from_pending = match (self.tree.peek(), self.pending.peek()) {
+            (_, None) => false,
+            (None, Some(_)) => true,
+            // An error is read at its place in the tree's order: now.
+            (Some(Err(_)), Some(_)) => false,
+            (Some(Ok((tk, _))), Some((pk, _))) => match tk[..].cmp(pk.as_slice()) {
+                Less => false,
+                Greater => true,
+                Equal => {
+                    self.tree.next();
+                    true
+                }
+            },
+        };
+        if from_pending {
+            let (k, v) = self.pending.next()?;
+            return Some(Ok((IVec::from(k), v)));
+        }
+        self.tree.next()
+    }
 }
 
 /// How a record goes into the tree.
@@ -277,6 +402,74 @@ mod tests {
         let some: Vec<u64> = read(&t, 20, 40).map(|r| r.expect("read").seq).collect();
         assert_eq!(some, vec![20, 30, 40]);
         assert_eq!(last_seq(&t).expect("last"), Some(60));
+    }
+
+    /// The pending map of `View` for the records `(seq, bytes)`.
+    fn pending(recs: &[(u64, Vec<u8>)]) -> Pending {
+        recs.iter()
+            .flat_map(|(seq, r)| pieces(*seq, r))
+            .map(|(k, v)| (k, IVec::from(v)))
+            .collect()
+    }
+
+    #[test]
+    fn a_view_reads_the_trees_records_and_the_pending_ones_as_one_log() {
+        let (_d, t) = tree();
+        let (r1, r2, r3, r4) = (
+            record(10, 1),
+            record(2 * CHUNK + 5, 2),
+            record(3 * CHUNK, 3),
+            record(7, 4),
+        );
+        writes(1, &r1).apply(&t).expect("write");
+        // Record 2 is in the tree and still pending (its round has not
+        // ended); 3 and 4 only pending; 4 was committed after the view's
+        // last record (5 would be the next).
+        writes(2, &r2).apply(&t).expect("write");
+        let view = View {
+            tree: &t,
+            pending: pending(&[(2, r2.clone()), (3, r3.clone()), (4, r4)]),
+            last: 3,
+        };
+        let all: Vec<Logged> = view
+            .read(0, u64::MAX)
+            .collect::<Result<_, _>>()
+            .expect("read");
+        let got: Vec<(u64, &[u8])> = all.iter().map(|l| (l.seq, &l.bytes[..])).collect();
+        assert_eq!(
+            got,
+            vec![(1, &r1[..]), (2, &r2[..]), (3, &r3[..])],
+            "each record once, whole, in order, none after the view's last"
+        );
+        let some: Vec<u64> = view.read(2, 2).map(|r| r.expect("read").seq).collect();
+        assert_eq!(some, vec![2]);
+        assert_eq!(view.read(3, 2).count(), 0, "an empty range");
+        assert_eq!(view.holding(1), Some(1));
+        assert_eq!(view.holding(2), Some(2));
+        assert_eq!(view.holding(3), Some(3), "a pending record holds it");
+        assert_eq!(view.last_seq().expect("last"), Some(4));
+        assert_eq!(
+            view.first_key().expect("first").as_deref(),
+            Some(&keys::id_key(EVENT, 1)[..])
+        );
+        // With nothing in the tree, the pending records alone.
+        let (_d2, empty) = tree();
+        let view = View {
+            tree: &empty,
+            pending: pending(&[(5, record(1, 5))]),
+            last: 5,
+        };
+        assert_eq!(view.holding(4), None);
+        assert_eq!(
+            view.first_key().expect("first").as_deref(),
+            Some(&keys::id_key(EVENT, 5)[..])
+        );
+        assert_eq!(
+            view.read(0, 9)
+                .map(|r| r.expect("read").seq)
+                .collect::<Vec<_>>(),
+            [5]
+        );
     }
 
     #[test]

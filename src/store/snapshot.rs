@@ -83,7 +83,7 @@ impl Store {
             CorruptRecord::new(&[EVENT], format!("flushing before a snapshot: {e}"))
         })?;
         // Redo: the key writes of the records committed during the scan.
-        for item in records::read(&self.trees.main, s0, s1.saturating_sub(1)) {
+        for item in self.log_view().read(s0, s1.saturating_sub(1)) {
             let l = item.map_err(records::Unread::corrupt)?;
             let rec = l.record()?;
             for w in rec.writes {
@@ -112,7 +112,7 @@ impl Store {
     /// times (each record is decoded to read them).
     pub fn log_records(&self) -> Result<Vec<LogRecord>, CorruptRecord> {
         let mut out = Vec::new();
-        for item in records::read(&self.trees.main, 0, u64::MAX) {
+        for item in self.log_view().read(0, u64::MAX) {
             let l = item.map_err(records::Unread::corrupt)?;
             let rec = l.record()?;
             let (Some(first), Some(last)) = (rec.events.first(), rec.events.last()) else {
@@ -136,7 +136,7 @@ impl Store {
     /// archive keeps).
     pub fn log_bytes_upto(&self, upto: u64) -> Result<Vec<Vec<u8>>, CorruptRecord> {
         let mut out = Vec::new();
-        for item in records::read(&self.trees.main, 0, upto) {
+        for item in self.log_view().read(0, upto) {
             let l = item.map_err(records::Unread::corrupt)?;
             let rec = l.record()?;
             if rec.events.last().is_some_and(|e| e.seq <= upto) {
@@ -156,14 +156,15 @@ impl Store {
     /// event and task numbers from it.
     pub fn log_cut(&self, upto: u64) -> Result<Option<LogCut>, WriteError> {
         self.check_writable()?;
-        let last = records::last_seq(&self.trees.main).map_err(WriteError::Database)?;
+        let log = self.log_view();
+        let last = log.last_seq().map_err(WriteError::Database)?;
         let mut cut = LogCut {
             upto,
             records: Vec::new(),
             keys: Vec::new(),
         };
         let (mut end, mut last_record) = (0, 0);
-        for item in records::read(&self.trees.main, 0, upto) {
+        for item in log.read(0, upto) {
             let l = item.map_err(|e| match e {
                 records::Unread::Db(e) => WriteError::Database(e),
                 other => WriteError::Corrupt(other.corrupt()),

@@ -1,14 +1,16 @@
 //! berth's write-ahead log (`db/wal/`): what makes a commit durable.
 //!
-//! A commit's record goes into sled (under `e`, where every reader finds
-//! it) and, in the same step under the write lock, into this log's pending
-//! buffer as one frame. A flush (the group commit's leader) writes the
-//! pending frames with one `pwrite` at the end of the current segment and
-//! one `fdatasync`: that is when commits are acknowledged. sled itself is
-//! flushed (and its files synced, see `files`) in the background, at most
-//! every [`CHECKPOINT_EVERY`] or [`CHECKPOINT_BYTES`] of frames
-//! (`Store::checkpoint_sled`); the segments whose frames that flush covered
-//! are then deleted. sled's flush (a hand-off to its IO thread, a
+//! A commit's record goes, under the write lock, into this log's pending
+//! buffer as one frame, and into the overlay with the commit's key writes
+//! (readers find it there, `records::View`, until the applier's next round
+//! writes it to sled under `e`, before those key writes). A flush (the
+//! group commit's leader) writes the pending frames with one `pwrite` at
+//! the end of the current segment and one `fdatasync`: that is when
+//! commits are acknowledged. sled itself is flushed (and its files synced,
+//! see `files`) in the background, at most every [`CHECKPOINT_EVERY`] or
+//! [`CHECKPOINT_BYTES`] of frames (`Store::checkpoint_sled`); the segments
+//! whose frames that flush covered (frames of records the applier had
+//! written to sled when it began) are then deleted. sled's flush (a hand-off to its IO thread, a
 //! `sync_file_range`, then berth's `fdatasync` and a look for new files)
 //! took two to three times one `fdatasync`.
 //!
