@@ -124,6 +124,9 @@ struct State {
     stop: bool,
     /// The applier failed: entries stay here (reads remain right) for good.
     failed: bool,
+    /// Tests: the applier begins no round while set (`Overlay::hold`;
+    /// never set otherwise).
+    held: bool,
 }
 
 #[derive(Debug, Default)]
@@ -156,6 +159,11 @@ impl Overlay {
 pub(crate) type Pending = Option<Option<IVec>>;
 
 impl State {
+    /// Tests: whether the applier is held back (`Overlay::hold`).
+    fn is_held(&self) -> bool {
+        self.held && !self.stop
+    }
+
     /// Key writes not yet in the tree.
     fn pending(&self) -> usize {
         self.map.len() + self.applying.as_ref().map_or(0, |a| a.len())
@@ -354,6 +362,9 @@ impl Overlay {
     /// go to an empty map that shadows it.
     fn begin_round(&self) -> Round {
         let mut st = self.lock();
+        if st.is_held() {
+            return Round::Idle;
+        }
         if st.applied_version == st.version {
             return match st.marked >= st.committed_record {
                 true => Round::Idle,
@@ -427,7 +438,7 @@ impl Overlay {
                         }
                         return;
                     }
-                    if st.applied_version == st.version {
+                    if st.applied_version == st.version || st.is_held() {
                         drop(self::wait(&me.cv, st));
                         // Let a few more commits arrive: a key written by
                         // several of them is then written to the tree once.
@@ -435,6 +446,14 @@ impl Overlay {
                     }
                 }
             })
+    }
+
+    /// Tests: holds the applier back (it begins no round) until called
+    /// with false.
+    #[cfg(test)]
+    pub fn hold(&self, held: bool) {
+        self.lock().held = held;
+        self.cv.notify_all();
     }
 
     /// Asks the applier to drain and end.
