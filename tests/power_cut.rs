@@ -168,8 +168,19 @@ fn listing(dir: &Path) -> String {
 /// Checks that every acknowledged id is in the store (live or finished) and
 /// that the log agrees with the state.
 fn check_survivors(dir: &Path, acked: &[u64]) {
+    // What survived, as the cut left it (opening writes to it), kept for
+    // a look when the open fails.
+    let keep = std::env::temp_dir().join(format!("berth-power-cut-kept-{}", std::process::id()));
+    let _ = Command::new("cp").arg("-aL").arg(dir).arg(&keep).status();
     let store = Store::open(dir, Options::default(), berth::clock::system())
-        .unwrap_or_else(|e| panic!("opening what survived the cut: {e}"));
+        .unwrap_or_else(|e| {
+            panic!(
+                "opening what survived the cut: {e}\n(the data dir as the cut left it is kept in {})\nfiles:\n{}",
+                keep.display(),
+                listing(&keep)
+            )
+        });
+    let _ = std::fs::remove_dir_all(&keep);
     assert!(
         store.corrupt_records().is_empty(),
         "corrupt records after the cut: {:?}",
