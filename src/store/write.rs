@@ -8,14 +8,15 @@
 //! log does not. Dropping a transaction without committing discards it.
 //!
 //! `commit` hands one [`CommitRecord`] (the events and the exact key writes)
-//! to `Store::append`, which inserts it under `e` + first sequence number and
-//! puts the key writes in the store's overlay (which every read consults
-//! first), then waits for durability as the store's mode says. A background applier writes the keys
-//! to the tree later, then an applied mark; opening the store re-applies
-//! every record after the mark (see `overlay`). So one insert and one shared
-//! flush acknowledge a commit, and unlike sled's `apply_batch` the insert
-//! never blocks behind a flush in progress, so concurrent commits share
-//! flushes.
+//! to `Store::append`, which appends it to the write-ahead log (without the
+//! log: inserts it under `e` + first sequence number) and puts the key
+//! writes (with the log, the record's `e` keys too) in the store's overlay
+//! (which every read consults first), then waits for durability as the
+//! store's mode says. A background applier writes the keys to the tree
+//! later, then an applied mark; opening the store re-applies every record
+//! after the mark (see `overlay`). So one frame (or one insert) and one
+//! shared flush acknowledge a commit, and nothing on that path blocks
+//! behind a flush in progress, so concurrent commits share flushes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::MutexGuard;
