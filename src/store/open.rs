@@ -573,9 +573,8 @@ fn reapply(
                 next_id = rec.next_id;
                 next_seq = rec.events.last().map_or(1, |e| e.seq + 1);
             }
-            // Pieces (a record in pieces has two at least) that do not
-            // decode: torn.
-            Err(record) if l.keys.len() > 1 || l.keys.first().is_some_and(|k| k.len() == 13) => {
+            // Pieces that do not decode: torn.
+            Err(record) if l.in_pieces() => {
                 next_seq = l.seq + 1;
                 torn = Some((l.seq, l.keys, record));
             }

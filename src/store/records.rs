@@ -31,9 +31,12 @@ use crate::store::keys::{self, EVENT};
 /// record stored whole).
 pub const CHUNK: usize = 6 * 1024;
 
+/// The length of a piece's key: `e` ‖ seq ‖ piece number.
+const PIECE_KEY_LEN: usize = 13;
+
 /// The key of piece `i` of the record whose first event is `seq`.
-pub fn piece_key(seq: u64, i: u32) -> [u8; 13] {
-    let mut k = [0u8; 13];
+pub fn piece_key(seq: u64, i: u32) -> [u8; PIECE_KEY_LEN] {
+    let mut k = [0u8; PIECE_KEY_LEN];
     k[..9].copy_from_slice(&keys::id_key(EVENT, seq));
     k[9..].copy_from_slice(&i.to_be_bytes());
     k
@@ -42,7 +45,7 @@ pub fn piece_key(seq: u64, i: u32) -> [u8; 13] {
 /// The first event number of a record key (whole or piece).
 pub fn key_seq(key: &[u8]) -> Option<u64> {
     match key.len() {
-        9 | 13 => keys::parse_id_key(&key[..9]),
+        9 | PIECE_KEY_LEN => keys::parse_id_key(&key[..9]),
         _ => None,
     }
 }
@@ -237,6 +240,12 @@ impl Logged {
         keys::id_key(EVENT, self.seq).to_vec()
     }
 
+    /// Whether it was read from pieces (even a lone first piece: a record
+    /// in pieces has two at least).
+    pub fn in_pieces(&self) -> bool {
+        self.keys.len() > 1 || self.keys.first().is_some_and(|k| k.len() == PIECE_KEY_LEN)
+    }
+
     /// The commit record, decoded (a corrupt one names its key).
     pub fn record(&self) -> Result<CommitRecord, CorruptRecord> {
         crate::codec::decode(&self.bytes).map_err(|e| CorruptRecord::new(&self.key(), e))
@@ -329,7 +338,7 @@ impl<I: Iterator<Item = sled::Result<(IVec, IVec)>>> Iterator for Records<I> {
         let mut joined = v.to_vec();
         let mut bad = None;
         while let Some(Ok((next, _))) = self.inner.peek() {
-            if next.len() != 13 || key_seq(next) != Some(seq) {
+            if next.len() != PIECE_KEY_LEN || key_seq(next) != Some(seq) {
                 break;
             }
             let Some(Ok((next, piece))) = self.inner.next() else {
