@@ -453,7 +453,19 @@ fn check_contiguity_in_unstable_tail(
 
     // `cur_lsn` is set to the beginning
     // of the next message
-    let end_of_last_message = iter.cur_lsn.unwrap_or(0) - 1;
+    //
+    // berth: when the tail holds no segment at all (the one holding
+    // `max_header_stable_lsn` is missing), the log is trusted up to that
+    // stable point, not discarded whole. A header's `max_stable_lsn` says
+    // the log up to it was synced when the header was written; the segment
+    // that held it can be missing only because it was freed since (its
+    // pages rewritten later) and the file truncated behind it
+    // (`SegmentAccountant::truncate`). Recovery used -1 there, so a crash
+    // in that window recovered an empty tree.
+    let end_of_last_message = match iter.cur_lsn {
+        Some(cur_lsn) => cur_lsn - 1,
+        None => max_header_stable_lsn,
+    };
 
     debug!(
         "filtering out segments after detected tear at (lsn, lid) {:?}",
