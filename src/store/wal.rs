@@ -27,7 +27,10 @@
 //!   blocks the file system already holds as written: measured here, 155-165
 //!   µs a flush against 255-265 with `fallocate`, whose blocks are reserved
 //!   but unwritten, so that each `fdatasync` also journals their
-//!   conversion. Neither file ends in `.wal`, so reading never sees them.
+//!   conversion. The zeros are written a page at a time, so that the page
+//!   cache holds the spare in page-sized folios and a flush writes back
+//!   only the pages its frames changed. Neither file ends in `.wal`, so
+//!   reading never sees them.
 //! - **Without a spare** (the first segment after an open, or the spare not
 //!   ready yet): `fallocate` where the file system can.
 //! - **On a nearly full disk** (less than [`TIGHT`] free) neither is made:
@@ -67,6 +70,8 @@ const MAGIC: &[u8; 8] = b"BERTHWAL";
 const VERSION: u32 = 1;
 const HEADER: usize = 16;
 const FRAME_HEADER: usize = 24;
+/// The size of each write of the spare's zeros: a page (see `write_spare`).
+const SPARE_WRITE: usize = 4096;
 /// A new segment is begun once the current one holds this much.
 pub const SEGMENT_BYTES: u64 = 16 << 20;
 /// sled is flushed in the background once this many frame bytes were
@@ -320,7 +325,14 @@ fn write_spare(dir: &Path) -> io::Result<()> {
     let tmp = dir.join(SPARE_TMP);
     let file = super::files::open_private(&tmp)?;
     file.set_len(0)?;
-    let zeros = vec![0u8; 1 << 20];
+    // One page a write: Linux (6.x, ext4 and others) caches a buffered
+    // write in folios as large as the write, and marks a folio dirty whole,
+    // so a flush's few hundred bytes in a spare written 1 MiB at a time
+    // made its `fdatasync` write back the whole folio. Measured with 8
+    // producers: 33 KB reached the disk per task (about 900 MB/s) against
+    // 3.6 KB with page-sized writes, and a flush took 160-180 µs against
+    // 140-155.
+    let zeros = vec![0u8; SPARE_WRITE];
     let mut at = 0;
     while at < SEGMENT_BYTES {
         file.write_all_at(&zeros, at)?;
@@ -565,6 +577,40 @@ mod tests {
 
     fn wal(dir: &Path) -> Wal {
         Wal::open(dir, true, CHECKPOINT_EVERY).unwrap()
+    }
+
+    /// Bytes this thread has sent to storage (`write_bytes` of
+    /// `/proc/thread-self/io`: counted when a write dirties a page cache
+    /// folio, all of it). None where the kernel does not count.
+    fn thread_write_bytes() -> Option<u64> {
+        let io = fs::read_to_string("/proc/thread-self/io").ok()?;
+        let line = io.lines().find(|l| l.starts_with("write_bytes:"))?;
+        line.split_whitespace().nth(1)?.parse().ok()
+    }
+
+    #[test]
+    fn a_flush_into_the_spare_sends_only_the_pages_it_changed_to_storage() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path();
+        write_spare(dir).unwrap();
+        let file = super::super::files::open_private(&dir.join(SPARE)).unwrap();
+        let Some(before) = thread_write_bytes() else {
+            eprintln!("skipped: this kernel does not count write_bytes");
+            return;
+        };
+        // What a flush does: a few frames in the middle of a page, synced.
+        for i in 0..8u64 {
+            file.write_all_at(&[7u8; 300], 1_000_000 + i * 300).unwrap();
+            file.sync_data().unwrap();
+        }
+        let sent = thread_write_bytes().unwrap() - before;
+        // 2,400 bytes over at most two pages, each page dirtied again after
+        // each sync: 16 pages at most. With the zeros written 1 MiB at a
+        // time, this kernel (6.18, ext4) sent 8 MiB.
+        assert!(
+            sent <= 16 * SPARE_WRITE as u64,
+            "8 flushes of 300 bytes sent {sent} bytes to storage"
+        );
     }
 
     #[test]
