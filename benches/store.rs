@@ -153,6 +153,8 @@ fn enqueue_sync(producers: usize, power_safe: bool) -> (f64, f64) {
             let (store, stop, counting, done, barrier) =
                 (&store, &stop, &counting, &done, &barrier);
             s.spawn(move || {
+                // As the daemon's connection threads do (`threads`).
+                berth::threads::short_slice("a producer");
                 barrier.wait();
                 let mut i = (p as u64) << 40;
                 while !stop.load(Ordering::Relaxed) {

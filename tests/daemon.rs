@@ -118,6 +118,50 @@ fn command_handlers_succeed_fail_time_out_and_repeat() {
     });
 }
 
+/// The `se.slice` (ns) of each thread of process `pid` named `name`, where
+/// the kernel shows it.
+fn slices(pid: i32, name: &str) -> Vec<u64> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
+        .filter_map(|t| {
+            let sched = std::fs::read_to_string(t.path().join("sched")).ok()?;
+            let line = sched
+                .lines()
+                .find(|l| l.trim_start().starts_with("se.slice"))?;
+            line.split(':').nth(1)?.trim().parse().ok()
+        })
+        .collect()
+}
+
+#[test]
+fn a_connection_thread_asks_for_a_short_time_slice() {
+    let root = tempdir();
+    write_config(root.path(), "");
+    let d = Daemon::start_in(root.path());
+    if slices(d.pid(), "berth-applier").is_empty() {
+        eprintln!("skipped: this kernel shows no se.slice in /proc/PID/task/TID/sched");
+        return;
+    }
+    // An open connection has its thread while it waits for a request.
+    let s = UnixStream::connect(d.socket()).unwrap();
+    wait_for("the connection's thread", || {
+        !slices(d.pid(), "berth-conn").is_empty()
+    });
+    // The short slice (0.1 ms, `threads::short_slice`); the applier, which
+    // nobody waits for, keeps the default.
+    let applier = slices(d.pid(), "berth-applier");
+    assert!(
+        !applier.is_empty() && applier.iter().all(|ns| *ns != 100_000),
+        "the applier's slice: {applier:?}"
+    );
+    assert_eq!(slices(d.pid(), "berth-conn"), [100_000]);
+    drop(s);
+}
+
 #[test]
 fn the_socket_is_private_and_survives_bad_requests() {
     let root = tempdir();

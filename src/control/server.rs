@@ -355,6 +355,9 @@ impl Server {
         std::thread::Builder::new()
             .name("berth-conn".into())
             .spawn_scoped(scope, move || {
+                // A connection runs in short bursts (a request, a commit,
+                // the wait for its flush, the answer): see `threads`.
+                crate::threads::short_slice("a connection");
                 {
                     // Dropped before the stream: the slot goes before its fd closes.
                     let _leave = Leave(&shared, id);
