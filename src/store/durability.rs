@@ -122,8 +122,8 @@ const GATHER: Duration = Duration::from_micros(300);
 /// The flush leader gathering transactions waits on the condition variable
 /// `gathered` (none is under way any more). The committers waiting for
 /// durability park, each in `State::waiting`; the leader unparks them when
-/// its flush has ended, and a woken committer reads [`GroupCommit::ended`]
-/// and [`GroupCommit::durable`] without taking the lock. (With a condition
+/// its flush has ended, and a woken committer reads `ended` and `durable`
+/// without taking the lock. (With a condition
 /// variable, every woken committer took the lock again on its way out:
 /// eight producers woken at once queued on it, a context switch more per
 /// commit.)
