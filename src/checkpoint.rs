@@ -9,9 +9,10 @@
 //! segment's layout (`archive.rs`: header, one zstd frame of length-
 //! prefixed codec records, CRC-32) with the magic `BERTHCKP`; both event
 //! numbers in its header are the checkpoint's event. Its records are
-//! [`Entry`]s: first a `Head`, then every live task, every finished task,
+//! `Entry`s: first a `Head`, then every live task, every finished task,
 //! each queue's ids in order (in chunks), every attempt log and every
-//! kind's counters. The state comes from [`Store::snapshot`], which holds
+//! kind's counters. The state comes from
+//! [`Store::snapshot`](crate::store::Store::snapshot), which holds
 //! no lock while it reads (see `store/snapshot.rs`).
 
 use std::io;

@@ -110,7 +110,7 @@ fn merge(w: &mut WriteTxn<'_>, into: u64, task: Task) -> Result<u64, WriteError>
 
 /// Stages a batch in `w`: every spec is checked first; then the batch is
 /// ordered by weight and each run of equal weight in one queue becomes a
-/// group (see [`groups`](crate::groups)). Entries with compaction keys may
+/// group (see [`crate::groups`]). Entries with compaction keys may
 /// merge into waiting tasks (see [`compaction`](crate::compaction)), also
 /// into earlier entries of the same batch. Returns the ids of the tasks
 /// added to queues (singles and group parents) or merged into, in the

@@ -315,7 +315,7 @@ impl Engine {
     /// Cancels task `id` (see `cancel.rs`): at once if nothing runs it,
     /// else once its handler (or, for a group, every running child's) has
     /// been stopped and has returned. Returns the ids cancelled, children
-    /// first, once that is durable. Waits at most [`CANCEL_WAIT`].
+    /// first, once that is durable. Waits at most 20 s (`CANCEL_WAIT`).
     pub fn cancel(&self, id: u64) -> Result<Vec<u64>, CancelError> {
         let (reply, answer) = crossbeam_channel::bounded(1);
         self.tx

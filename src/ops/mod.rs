@@ -240,8 +240,8 @@ pub enum Request {
     /// does not reach unit variants of an internally tagged enum, so
     /// `{"op":"queue_list","bogus":1}` would be accepted.
     QueueList {
-        /// Every task (else each queue lists its first
-        /// [`tasks::QUEUE_LIST_LIMIT`]).
+        /// Every task (else each queue lists its first 1,000:
+        /// `tasks::QUEUE_LIST_LIMIT`).
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         all: bool,
     },

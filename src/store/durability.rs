@@ -5,7 +5,7 @@
 //! committers share flushes (group commit): one of them leads and flushes
 //! everything published so far, the others wait for it, so N producers cost
 //! about one flush and fsync per round, not N. Before it flushes, the leader
-//! waits (at most [`GATHER`]) for the transactions under way, the ones the
+//! waits (at most `GATHER`, 300 µs) for the transactions under way, the ones the
 //! engine announced, and the committers the last flush released that are
 //! expected back (learned from the release before: see `State::returning`).
 //!
@@ -163,7 +163,7 @@ impl GroupCommit {
     /// Announces `n` transactions that will begin soon (the completions of
     /// jobs just handed to the pool: the engine's step that records them),
     /// so that a flush leader gathering the transactions under way waits
-    /// for them too (at most [`GATHER`] after the last announcement).
+    /// for them too (at most `GATHER`, 300 µs, after the last announcement).
     pub fn coming(&self, n: usize) {
         if n == 0 {
             return;
@@ -185,7 +185,7 @@ impl GroupCommit {
 
     /// Until when a flush would wait for the announced transactions (see
     /// [`GroupCommit::coming`]): None when none is announced, or the last
-    /// announcement is older than [`GATHER`].
+    /// announcement is older than `GATHER` (300 µs).
     pub fn coming_until(&self) -> Option<Instant> {
         let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         st.coming_until(Instant::now())
