@@ -36,13 +36,9 @@ pub enum Durability {
 struct State {
     /// Transactions published (a ticket counter).
     written: u64,
-    /// Every transaction up to this ticket is on disk.
-    durable: u64,
     /// A leader is flushing now.
     flushing: bool,
-    /// Flushes done (for tests and metrics).
-    flushes: u64,
-    /// How long they took.
+    /// How long the flushes took.
     flush_stats: FlushStats,
     /// Transactions begun but not yet published or dropped.
     in_flight: usize,
@@ -131,9 +127,11 @@ const GATHER: Duration = Duration::from_micros(300);
 pub struct GroupCommit {
     state: Mutex<State>,
     gathered: Condvar,
-    /// `State::durable`, written under the lock.
+    /// Every transaction up to this ticket is on disk; written under the
+    /// lock.
     durable: AtomicU64,
-    /// Flushes ended (`State::flushes`), raised under the lock.
+    /// Flushes ended (for the waiting committers, tests and metrics),
+    /// raised under the lock.
     ended: AtomicU64,
 }
 
@@ -220,7 +218,7 @@ impl GroupCommit {
     ) -> std::io::Result<()> {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         loop {
-            if st.durable >= ticket {
+            if self.durable.load(Ordering::Acquire) >= ticket {
                 return Ok(());
             }
             if !st.flushing {
@@ -245,15 +243,13 @@ impl GroupCommit {
                 let took = began.elapsed();
                 st = self.state.lock().unwrap_or_else(|p| p.into_inner());
                 st.flushing = false;
-                st.flushes += 1;
                 st.flush_stats.record(took, result.is_ok());
                 if result.is_ok() {
-                    let released = target.saturating_sub(st.durable);
-                    st.durable = st.durable.max(target);
-                    st.released(released, Instant::now());
-                    self.durable.store(st.durable, Ordering::Release);
+                    let durable = self.durable.load(Ordering::Relaxed);
+                    st.released(target.saturating_sub(durable), Instant::now());
+                    self.durable.store(durable.max(target), Ordering::Release);
                 }
-                self.ended.store(st.flushes, Ordering::Release);
+                self.ended.fetch_add(1, Ordering::Release);
                 let waiting = std::mem::take(&mut st.waiting);
                 drop(st);
                 for committer in waiting {
@@ -265,7 +261,7 @@ impl GroupCommit {
             }
             // A flush ends under the lock: read here, `ended` changes only
             // once this committer is in the list that flush wakes.
-            let seen = st.flushes;
+            let seen = self.ended.load(Ordering::Relaxed);
             st.waiting.push(std::thread::current());
             drop(st);
             // `park` may return for nothing (or for an old `unpark`).
@@ -294,11 +290,11 @@ impl GroupCommit {
     /// Whether transactions are waiting for a flush.
     pub fn pending(&self) -> bool {
         let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        st.written > st.durable
+        st.written > self.durable.load(Ordering::Acquire)
     }
 
     pub fn flushes(&self) -> u64 {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).flushes
+        self.ended.load(Ordering::Acquire)
     }
 
     /// How long the flushes took (for metrics).
