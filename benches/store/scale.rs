@@ -25,7 +25,12 @@
 //!   against 0.13-0.18 s since, and about 0.09 s for most batches). With
 //!   the bound at 100,000 (until 2026-12-06) the first 100,000 tasks went
 //!   at the commit path's speed, about 1.5 times the applier's, and the
-//!   ratio measured that head start rather than the tree's size;
+//!   ratio measured that head start rather than the tree's size. On
+//!   stderr the run also prints the rate of every window of 10 batches and
+//!   the times of the first 20 batches, in ms: the first batch finds the
+//!   overlay empty and takes about half the time of a later one, the next
+//!   few a little more, and from about the 5th on a batch takes what it
+//!   takes at the millionth task within the noise;
 //! - `data_dir_1m_mib`: the data dir's size on disk (allocated blocks, as
 //!   `du` counts them), after the store is closed;
 //! - `open_1m_live_s`, `open_1m_live_rss_mib`: a fresh child process (this
@@ -191,6 +196,18 @@ pub fn run(want: &dyn Fn(&str) -> bool) {
         batches
             .chunks(window)
             .map(|w| rate(w).round() as u64)
+            .collect::<Vec<_>>()
+    );
+    // The first batches one by one: where the first window's head start
+    // comes from (the first batch finds the overlay empty; the next few
+    // write to a tree small enough for sled's cache and the CPU's).
+    eprintln!(
+        "scale: ms per batch, first {}: {:?}",
+        batches.len().min(2 * WINDOW_BATCHES),
+        batches
+            .iter()
+            .take(2 * WINDOW_BATCHES)
+            .map(|b| (b * 1000.0).round() as u64)
             .collect::<Vec<_>>()
     );
     let first = rate(&batches[..window]);
