@@ -2,14 +2,21 @@
 //! measure what it does) allocate with mimalloc: with glibc's malloc the
 //! engine's loop spent a quarter of its time in `_int_malloc` and
 //! `malloc_consolidate`. [`tune`], which `berth run` calls, makes mimalloc
-//! give freed memory back to the system after 2 ms instead of 10, so that
-//! what the control socket's request budget (`control/server.rs`) caps is
-//! about what the daemon holds (measured: 8 clients sending 60 MiB each,
-//! peak growth 144 MiB with 2 ms, 145 with 0, 208 with 10, 134 with
-//! glibc). 2 ms costs less speed than 0 (e2e_noop_sync 14.4k tasks/s with
-//! 2 ms, 12.5k with 0; 9.5k with glibc). The other commands run and exit,
-//! and keep mimalloc's default: memory given back soon is faulted in again
-//! at the next allocation, and an offline replay of 500,000 events took
+//! give freed memory back to the system after 10 ms instead of its default
+//! (1 s in mimalloc 3), so that what the control socket's request budget
+//! (`control/server.rs`, 128 MiB) caps is about what the daemon holds.
+//! Measured on 2026-12-06, 8 clients sending 60 MiB each
+//! (`tests/faults_socket.rs`, four runs each), peak growth: 130 MiB with
+//! 2 ms, 130-145 with 10, 136-160 with 25, 167-181 with 50, 194-196 with
+//! 100, and 196 to over 200 with 1 s. Memory given back too soon is
+//! faulted in again at the next allocations: with 2 ms (until 2026-12-06)
+//! a long batch enqueue spent half of its committing thread's time in
+//! page faults, and 10 ms runs it 8-13 % faster once the overlay is full
+//! (`enqueue_batch_1m_last_100k` 147,324 against 130,162 tasks/s; windows
+//! of 155-160k against 140-148k in three alternating pairs) and
+//! `e2e_noop_sync` 2-3 % faster (three pairs), with eight producers'
+//! enqueues the same within the noise. The other commands run and exit,
+//! and keep mimalloc's default: an offline replay of 500,000 events took
 //! 450 ms with a delay of 0 and 270 ms with the default.
 //!
 //! **No transparent huge pages.** mimalloc asks for transparent huge pages
@@ -29,7 +36,7 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t =
     libmimalloc_sys::mi_option_use_numa_nodes - 1;
 
 /// How long mimalloc keeps freed memory before giving it back (ms).
-const PURGE_DELAY_MS: std::ffi::c_long = 2;
+const PURGE_DELAY_MS: std::ffi::c_long = 10;
 
 /// Turns transparent huge pages off for this process (and the processes
 /// it starts): `prctl(PR_SET_THP_DISABLE)`, which the kernel checks at each

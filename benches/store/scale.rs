@@ -30,7 +30,7 @@
 //!   the times of the first 20 batches, in ms: the first batch finds the
 //!   overlay empty and takes about half the time of a later one, the next
 //!   few a little more, and from about the 5th on a batch takes about
-//!   15 % less than at the millionth task (measured 2026-12-07: 30-33,
+//!   15 % less than at the millionth task (measured 2026-12-06: 30-33,
 //!   36-41, 41-53 ms for the first three, 52-65 for the 5th to the 10th,
 //!   60-75 in the last 100,000);
 //! - `data_dir_1m_mib`: the data dir's size on disk (allocated blocks, as
