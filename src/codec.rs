@@ -231,6 +231,22 @@ fn frame_into<T: Encode>(value: &T, version: u8, out: &mut Vec<u8>) -> Result<()
     Ok(())
 }
 
+/// The length of [`encode`]`(value)`, counted without writing the bytes
+/// (a size budget's check, before the value is encoded for good).
+pub fn encoded_len<T: Encode>(value: &T) -> usize {
+    let _at = EncodingAt::set(FORMAT_VERSION);
+    let mut size = bincode::enc::write::SizeWriter::default();
+    match bincode::encode_into_writer(value, &mut size, base()) {
+        // The version byte, the body and its CRC-32.
+        Ok(()) => 1 + size.bytes_written + 4,
+        Err(e) => {
+            // As in `encode_sized`: our types never refuse to encode.
+            log::error!("codec: encoding failed: {e}");
+            0
+        }
+    }
+}
+
 /// [`encode`] appended to `out`: the bytes after its old length are the
 /// same as `encode(value)` (so several records can share one buffer).
 /// Returns how many bytes it appended (none if encoding failed, as
@@ -358,6 +374,25 @@ mod tests {
         t.id = 7;
         t.children = vec![8, 9].into();
         t
+    }
+
+    /// The counted length is the encoded one, for a task (small and with a
+    /// large payload, which the budget checks count) and for other values.
+    #[test]
+    fn the_counted_length_is_the_encoded_length() {
+        let mut big = sample();
+        big.payload = crate::budget::Blob {
+            compressed: false,
+            bytes: vec![b'x'; 300 << 10],
+        };
+        for t in [sample(), big] {
+            assert_eq!(encoded_len(&t), encode(&t).len());
+        }
+        assert_eq!(encoded_len(&7u64), encode(&7u64).len());
+        assert_eq!(
+            encoded_len(&"name".to_string()),
+            encode(&"name".to_string()).len()
+        );
     }
 
     #[test]

@@ -362,7 +362,7 @@ pub fn check_import(
             ctx.check_kinds(std::slice::from_ref(&spec), false)
                 .map_err(|err| err.context(&at))?;
         }
-        let size = codec::encode(t).len();
+        let size = codec::encoded_len(t);
         if size > budget.max_object {
             let err = BudgetError::TooLarge {
                 what: "record",

@@ -341,7 +341,7 @@ impl<'s> WriteTxn<'s> {
             });
         }
         task.status = Status::Queued;
-        let size = codec::encode(&task).len();
+        let size = codec::encoded_len(&task);
         let budget = self.store.budget().max_object;
         if size > budget {
             return Err(WriteError::Budget(crate::budget::BudgetError::TooLarge {
@@ -506,7 +506,7 @@ impl<'s> WriteTxn<'s> {
         self.expect_status(id, Status::Queued, "merge into it")?;
         let mut merged = self.task(id)?.clone();
         merged.payload = payload;
-        let size = codec::encode(&merged).len();
+        let size = codec::encoded_len(&merged);
         let budget = self.store.budget().max_object;
         if size > budget {
             return Err(WriteError::Budget(crate::budget::BudgetError::TooLarge {
