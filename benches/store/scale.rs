@@ -30,9 +30,9 @@
 //!   the times of the first 20 batches, in ms: the first batch finds the
 //!   overlay empty and takes about half the time of a later one, the next
 //!   few a little more, and from about the 5th on a batch takes about
-//!   15 % less than at the millionth task (measured 2026-12-06: 30-33,
-//!   36-41, 41-53 ms for the first three, 52-65 for the 5th to the 10th,
-//!   60-75 in the last 100,000);
+//!   15 % less than at the millionth task (measured 2026-12-06 in seven
+//!   runs: 30-34, 36-49 and 33-53 ms for the first three, 45-65 for the
+//!   5th to the 10th, about 60-75 on average in the last 100,000);
 //! - `data_dir_1m_mib`: the data dir's size on disk (allocated blocks, as
 //!   `du` counts them), after the store is closed;
 //! - `open_1m_live_s`, `open_1m_live_rss_mib`: a fresh child process (this
