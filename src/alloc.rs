@@ -69,6 +69,26 @@ pub fn tune() {
 
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
+    /// The purge delay's option number is derived (the binding names no
+    /// such option): mimalloc 3 gives it a default of 1 s, which no option
+    /// near it has, so a wrong number shows here; and `tune` sets it.
+    #[test]
+    fn tune_sets_mimallocs_purge_delay() {
+        // SAFETY: reads an option's value.
+        let get = || unsafe { libmimalloc_sys::mi_option_get(super::MI_OPTION_PURGE_DELAY) };
+        if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+            // Options are process-wide: another test may have tuned first.
+            let before = get();
+            assert!(
+                before == 1000 || before == super::PURGE_DELAY_MS,
+                "option {} holds {before}: not mimalloc's purge delay",
+                super::MI_OPTION_PURGE_DELAY
+            );
+        }
+        super::tune();
+        assert_eq!(get(), super::PURGE_DELAY_MS);
+    }
+
     #[test]
     fn huge_pages_are_off_after_no_huge_pages() {
         super::no_huge_pages();
