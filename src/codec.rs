@@ -10,15 +10,20 @@
 //! bincode is pinned to 2.x (3.0 is an empty release); moving to another body
 //! encoding means a new version byte, and old records stay readable.
 //!
-//! Versions: 1 (every record written before tasks had a TTL) and 2 (since:
-//! a `Task` ends with its `ttl_ms`). Every other type has the same body in
-//! both. This build writes version 2 and reads both: a record is decoded
-//! with its version as bincode's decode context ([`Layout`]), which the
-//! one hand-written codec here, `Task`'s, looks at; the types that hold a
-//! task (`EventKind`, `Event`, `CommitRecord`) pass it down (their derive
-//! names the context). A record re-encodes to its own bytes at its own
-//! version: a version-1 record is checked against the version-1 encoding
-//! of the value it decodes to (see [`encode_as`]).
+//! Versions: 1 (every record written before tasks had a TTL), 2 (since:
+//! a `Task` ends with its `ttl_ms`) and 3 (a commit record's key write may
+//! name the event of its record that enqueued the task it stores, instead
+//! of carrying the task's bytes a second time: see `store::commit_record`).
+//! Every other type has the same body in all three. This build writes
+//! version 2, except commit records, which it writes at version 3 (so an
+//! export or a checkpoint stays readable by a build that reads version 2),
+//! and reads all three: a record is decoded with its version as bincode's
+//! decode context ([`Layout`]), which the hand-written codecs (`Task`'s
+//! here, a commit record's and a key write's) look at; the types that hold
+//! a task (`EventKind`, `Event`) pass it down (their derive names the
+//! context). A record re-encodes to its own bytes at its own version: a
+//! version-1 record is checked against the version-1 encoding of the value
+//! it decodes to (see [`encode_as`]).
 
 use std::cell::Cell;
 
@@ -30,8 +35,13 @@ use bincode::{BorrowDecode, Decode, Encode};
 
 use crate::task::Task;
 
-/// The version byte of records written by this build.
+/// The version byte of records written by this build (but commit records:
+/// [`COMMIT_VERSION`]).
 pub const FORMAT_VERSION: u8 = 2;
+
+/// The version byte of the commit records this build writes, the newest
+/// it reads.
+pub const COMMIT_VERSION: u8 = 3;
 
 /// The oldest version byte this build reads.
 pub const OLDEST_VERSION: u8 = 1;
@@ -54,6 +64,12 @@ thread_local! {
     /// The version bodies are encoded at on this thread: [`FORMAT_VERSION`]
     /// except inside [`encode_as`] (bincode's encoder carries no context).
     static ENCODING: Cell<u8> = const { Cell::new(FORMAT_VERSION) };
+}
+
+/// The version the value being encoded on this thread is encoded at (for a
+/// hand-written `Encode` whose body differs between versions).
+pub fn encoding_version() -> u8 {
+    ENCODING.get()
 }
 
 /// Sets the encoding version of this thread until dropped.
@@ -164,7 +180,7 @@ pub enum CodecError {
     #[error("checksum mismatch (stored {stored:08x}, computed {computed:08x})")]
     Checksum { stored: u32, computed: u32 },
     #[error(
-        "unknown format version {0} (this build reads versions {OLDEST_VERSION} to {FORMAT_VERSION})"
+        "unknown format version {0} (this build reads versions {OLDEST_VERSION} to {COMMIT_VERSION})"
     )]
     Version(u8),
     #[error("record body does not decode: {0}")]
@@ -201,16 +217,27 @@ pub fn encode_sized<T: Encode>(value: &T, capacity: usize) -> Vec<u8> {
     }
 }
 
-/// Frames a value as a record of an older `version` this build reads, as
-/// a build of that version wrote it (a value that has no such form, a task
+/// Frames a value as a record of another `version` this build reads, as a
+/// build of that version wrote it (a value that has no such form, a task
 /// with a TTL at version 1, is refused). Used to check that a record
-/// re-encodes to its own bytes.
+/// re-encodes to its own bytes, and to write commit records at
+/// [`COMMIT_VERSION`].
 pub fn encode_as<T: Encode>(value: &T, version: u8) -> Result<Vec<u8>, CodecError> {
     encode_into(value, version, 256)
 }
 
+/// [`encode_as`] into a buffer of `capacity` bytes to begin with (see
+/// [`encode_sized`]).
+pub fn encode_sized_as<T: Encode>(
+    value: &T,
+    version: u8,
+    capacity: usize,
+) -> Result<Vec<u8>, CodecError> {
+    encode_into(value, version, capacity)
+}
+
 fn encode_into<T: Encode>(value: &T, version: u8, capacity: usize) -> Result<Vec<u8>, CodecError> {
-    if !(OLDEST_VERSION..=FORMAT_VERSION).contains(&version) {
+    if !(OLDEST_VERSION..=COMMIT_VERSION).contains(&version) {
         return Err(CodecError::Version(version));
     }
     let mut out = Vec::with_capacity(capacity.clamp(256, MAX_RECORD_BYTES));
@@ -269,7 +296,7 @@ pub fn version_of(bytes: &[u8]) -> Option<u8> {
     bytes
         .first()
         .copied()
-        .filter(|v| (OLDEST_VERSION..=FORMAT_VERSION).contains(v))
+        .filter(|v| (OLDEST_VERSION..=COMMIT_VERSION).contains(v))
 }
 
 /// Checks a record's frame (length, checksum and version) without decoding
@@ -296,7 +323,7 @@ fn unframe(bytes: &[u8]) -> Result<(Layout, &[u8]), CodecError> {
         return Err(CodecError::Checksum { stored, computed });
     }
     let version = framed[0];
-    if !(OLDEST_VERSION..=FORMAT_VERSION).contains(&version) {
+    if !(OLDEST_VERSION..=COMMIT_VERSION).contains(&version) {
         return Err(CodecError::Version(version));
     }
     Ok((Layout { version }, &framed[1..]))

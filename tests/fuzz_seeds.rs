@@ -250,10 +250,10 @@ fn write_seeds() {
     let record = CommitRecord {
         next_id: 9,
         events: events.clone(),
-        writes: vec![KeyWrite {
-            key: b"t\0\0\0\0\0\0\0\x01".to_vec(),
-            value: Some(encode(&tasks[0])),
-        }],
+        writes: vec![KeyWrite::put(
+            b"t\0\0\0\0\0\0\0\x01".to_vec(),
+            encode(&tasks[0]),
+        )],
     };
     write(
         "codec",

@@ -1082,11 +1082,12 @@ mod tests {
             v
         };
         s.overlay.hold(true);
-        // More than a segment of records (each about twice its payload,
-        // which does not compress: hex of a pseudo-random sequence).
+        // More than a segment of records: each carries its task once, with
+        // a payload of hex digits of a pseudo-random sequence, which gzip
+        // packs to about half (4 bits a digit): so twice a segment of text.
         let mut x = 0x9E37_79B9_7F4A_7C15u64;
         let mut total = 0;
-        while total < super::super::wal::SEGMENT_BYTES as usize + (2 << 20) {
+        while total < 2 * super::super::wal::SEGMENT_BYTES as usize + (4 << 20) {
             let text: String = (0..600_000)
                 .map(|_| {
                     x ^= x << 13;

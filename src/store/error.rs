@@ -131,6 +131,8 @@ pub enum WriteError {
     NoSpace(#[from] crate::store::health::SpaceError),
     #[error("the data dir was opened only to read")]
     ReadOnly,
+    #[error("encoding the commit record failed: {0}")]
+    Encode(String),
 }
 
 impl From<ReadError> for WriteError {

@@ -13,24 +13,7 @@ use crate::task::{Status, Task};
 /// The message a task gets when the process died while it ran.
 pub const INTERRUPTED: &str = "interrupted: the process stopped while this task ran";
 
-/// One committed transaction, stored under `e` + the sequence number of its
-/// first event: its events (the log) and the exact key writes it made (the
-/// redo), so the last transaction can be re-applied after a crash.
-#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
-#[bincode(decode_context = "crate::codec::Layout")]
-pub struct CommitRecord {
-    /// The next task id after this transaction.
-    pub next_id: u64,
-    pub events: Vec<Event>,
-    pub writes: Vec<KeyWrite>,
-}
-
-/// A key set to a value, or removed.
-#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
-pub struct KeyWrite {
-    pub key: Vec<u8>,
-    pub value: Option<Vec<u8>>,
-}
+pub use crate::store::commit_record::{CommitRecord, FromEvent, KeyWrite};
 
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
 #[bincode(decode_context = "crate::codec::Layout")]

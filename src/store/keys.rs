@@ -61,12 +61,18 @@ pub const META_PARALLEL: &[u8] = b"mparallel";
 pub const META_NODE: &[u8] = b"mnode";
 
 /// The on-disk layout version (the key layout above; the record framing has its own byte).
+/// 9: commit records may be of version 3 (`codec::COMMIT_VERSION`: a new
+/// task's key write names its `Enqueued` event instead of carrying its
+/// bytes, see `commit_record`), which a format-8 build cannot read: it
+/// would find every such record damaged. Opening upgrades a format-8 dir
+/// by writing this number: its records stay as they are, and readable.
+pub const STORE_FORMAT: u64 = 9;
 /// 8: a live task's `t` value may hold a summary between its position and
 /// its record (see `stored`), flagged in the position's length byte; a
 /// format-7 build would misread every such position. Opening upgrades a
 /// format-7 dir by writing this number: its values have no summary, and
 /// are read as they are.
-pub const STORE_FORMAT: u64 = 8;
+pub const STORE_FORMAT_V8: u64 = 8;
 /// 7: a live task's queue position is in its `t` value (see `stored`), and
 /// there are no `q` keys; a format-6 build would find every queue empty.
 /// Opening upgrades a format-6 (or older) dir by folding each `q` key into

@@ -4,6 +4,7 @@
 
 pub mod attempts;
 mod children;
+pub mod commit_record;
 pub mod counters;
 mod db;
 pub mod deadlines;

@@ -28,7 +28,7 @@ use crate::store::children;
 use crate::store::counters::{self, KindCounts};
 use crate::store::db::{Inner, Store};
 use crate::store::error::{CorruptRecord, WriteError};
-use crate::store::event::{self, CommitRecord, Event, EventKind, KeyWrite};
+use crate::store::event::{self, CommitRecord, Event, EventKind, FromEvent, KeyWrite};
 use crate::store::keys::{self, HISTORY, TASK};
 use crate::store::order::{Placement, Undo};
 use crate::store::stored;
@@ -57,6 +57,10 @@ struct Slot {
     children_kept: bool,
     /// The task had children (a removed one's `g` key goes too).
     had_children: bool,
+    /// The index of the `Enqueued` event that added it, for a task this
+    /// transaction added (its key write may name the event: see
+    /// `commit_record`).
+    enqueued: Option<usize>,
 }
 
 /// What a commit did.
@@ -175,6 +179,7 @@ impl<'s> WriteTxn<'s> {
                     home,
                     dirty: false,
                     children_kept: kept,
+                    enqueued: None,
                     had_children,
                 },
             );
@@ -364,6 +369,7 @@ impl<'s> WriteTxn<'s> {
                 home: Home::Live,
                 dirty: true,
                 children_kept: false,
+                enqueued: Some(self.events.len()),
             },
         );
         self.push_event(EventKind::Enqueued {
@@ -875,47 +881,57 @@ impl<'s> WriteTxn<'s> {
             if let Some(k) = origin_key
                 && Some(k) != target_key
             {
-                writes.push(KeyWrite {
-                    key: k.to_vec(),
-                    value: None,
-                });
+                writes.push(KeyWrite::remove(k.to_vec()));
             }
             if let (Some(k), Some(task)) = (target_key, &slot.task) {
-                let value = match slot.home {
-                    Home::Live => stored::live_bytes(task, order.position(*id)),
-                    _ => stored::history_bytes(task),
+                let write = match slot.home {
+                    Home::Live => {
+                        let position = order.position(*id);
+                        KeyWrite {
+                            from_event: self.enqueued_as(slot, task, position),
+                            ..KeyWrite::put(k.to_vec(), stored::live_bytes(task, position))
+                        }
+                    }
+                    _ => KeyWrite::put(k.to_vec(), stored::history_bytes(task)),
                 };
-                writes.push(KeyWrite {
-                    key: k.to_vec(),
-                    value: Some(value),
-                });
+                writes.push(write);
                 if !task.children.is_empty() && !slot.children_kept {
-                    writes.push(KeyWrite {
-                        key: children::key(*id).to_vec(),
-                        value: Some(children::list_bytes(task)),
-                    });
+                    writes.push(KeyWrite::put(
+                        children::key(*id).to_vec(),
+                        children::list_bytes(task),
+                    ));
                 }
             }
             if slot.task.is_none() && slot.had_children && origin_key.is_some() {
-                writes.push(KeyWrite {
-                    key: children::key(*id).to_vec(),
-                    value: None,
-                });
+                writes.push(KeyWrite::remove(children::key(*id).to_vec()));
             }
         }
         for (key, value) in &self.attempt_writes {
             writes.push(KeyWrite {
                 key: key.clone(),
                 value: value.clone(),
+                from_event: None,
             });
         }
         for (kind, c) in &self.counts {
-            writes.push(KeyWrite {
-                key: keys::counter_key(kind),
-                value: Some(codec::encode(c)),
-            });
+            writes.push(KeyWrite::put(keys::counter_key(kind), codec::encode(c)));
         }
         writes
+    }
+
+    /// The event a new task's key write can name instead of carrying its
+    /// value (see `commit_record`): the `Enqueued` event that added it, if
+    /// the task is still as that event has it (nothing else in this
+    /// transaction changed it).
+    fn enqueued_as(&self, slot: &Slot, task: &Task, position: Option<i64>) -> Option<FromEvent> {
+        let i = slot.enqueued.filter(|_| slot.origin == Home::New)?;
+        match &self.events.get(i)?.kind {
+            EventKind::Enqueued { task: added, .. } if **added == *task => Some(FromEvent {
+                event: u32::try_from(i).ok()?,
+                position,
+            }),
+            _ => None,
+        }
     }
 
     /// Writes the transaction (atomically, see the module doc) and waits as
@@ -958,10 +974,10 @@ impl<'s> WriteTxn<'s> {
         let counting = &self.inner().counting;
         let count_since = (counting_anew && !counting.stored).then_some(counting.since);
         if let Some(since) = count_since {
-            writes.push(KeyWrite {
-                key: keys::META_COUNTED.to_vec(),
-                value: Some(codec::encode(&since)),
-            });
+            writes.push(KeyWrite::put(
+                keys::META_COUNTED.to_vec(),
+                codec::encode(&since),
+            ));
         }
         let record = CommitRecord {
             next_id: self.next_id,
@@ -969,15 +985,20 @@ impl<'s> WriteTxn<'s> {
             events: std::mem::take(&mut self.events),
         };
         // The record carries the key writes and, in its events, about as
-        // much again (an enqueue's task is in both).
+        // much again (a task's value that names its event is carried once,
+        // by the event).
         let estimate: usize = record
             .writes
             .iter()
-            .map(|w| w.key.len() + w.value.as_ref().map_or(0, Vec::len) + 4)
+            .map(|w| {
+                let value = w.value.as_ref().map_or(0, Vec::len);
+                let carried = if w.from_event.is_some() { 0 } else { value };
+                w.key.len() + 16 + carried + value
+            })
             .sum::<usize>()
-            * 2
             + 64 * record.events.len();
-        let bytes = codec::encode_sized(&record, estimate);
+        let bytes = codec::encode_sized_as(&record, codec::COMMIT_VERSION, estimate)
+            .map_err(|e| WriteError::Encode(e.to_string()))?;
         if bytes.len() > codec::MAX_RECORD_BYTES {
             return Err(WriteError::Budget(crate::budget::BudgetError::TooLarge {
                 what: "transaction",

@@ -31,15 +31,9 @@ pub fn make_format_6(dir: &Path, unfold: impl Fn(u64) -> bool, places: bool, for
     let db = sled::open(dir.join("db")).expect("sled");
     let as_6 = |k: &[u8], v: &[u8]| -> Vec<KeyWrite> {
         let id = keys::parse_id_key(k).expect("a task key");
-        let mut out = vec![KeyWrite {
-            key: k.to_vec(),
-            value: Some(stored::split(v).record.to_vec()),
-        }];
+        let mut out = vec![KeyWrite::put(k.to_vec(), stored::split(v).record.to_vec())];
         if let Some((q, pos)) = stored::position(v).expect("position") {
-            out.push(KeyWrite {
-                key: keys::queue_key(&q, pos),
-                value: Some(codec::encode(&id)),
-            });
+            out.push(KeyWrite::put(keys::queue_key(&q, pos), codec::encode(&id)));
         }
         out
     };

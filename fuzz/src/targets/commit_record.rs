@@ -255,10 +255,7 @@ fn record_from(script: Script) -> CommitRecord {
     CommitRecord {
         next_id: 9,
         events,
-        writes: vec![KeyWrite {
-            key: b"mapplied".to_vec(),
-            value: None,
-        }],
+        writes: vec![KeyWrite::remove(b"mapplied".to_vec())],
     }
 }
 
