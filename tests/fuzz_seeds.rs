@@ -300,8 +300,29 @@ fn write_seeds() {
             &with(0x08, stored::live_bytes(&tasks[0], pos)),
         );
     }
+    // A record as a commit writes it (version 3): each new task's key
+    // write names its event.
+    let mut v3 = record.clone();
+    v3.writes.clear();
+    for (i, e) in events.iter().enumerate() {
+        if let berth::store::EventKind::Enqueued { task, .. } = &e.kind {
+            let position = Some(i as i64);
+            v3.writes.push(KeyWrite {
+                key: berth::store::keys::id_key(berth::store::keys::TASK, task.id).to_vec(),
+                value: Some(stored::live_bytes(task, position)),
+                from_event: Some(berth::store::event::FromEvent {
+                    event: i as u32,
+                    position,
+                }),
+            });
+        }
+    }
+    assert!(v3.writes.len() >= 5, "the store's tasks were enqueued");
+    let v3 = berth::codec::encode_as(&v3, berth::codec::COMMIT_VERSION).expect("encodes");
+    write("codec", "commit-record-v3", &with(1, unframed(v3.clone())));
     // commit_record: mode 1 (raw) and the record without its checksum.
     write("commit_record", "log", &with(1, unframed(encode(&record))));
+    write("commit_record", "log-v3", &with(1, unframed(v3)));
     let mut half = record.clone();
     half.events.truncate(3);
     write(

@@ -4,7 +4,9 @@
 //! The first byte picks how the rest is read:
 //! - even: structured. `arbitrary` builds a record of up to 64 events about
 //!   a handful of task ids and queues (so that they collide), which is
-//!   encoded, decoded back (it must round-trip) and replayed;
+//!   encoded as a commit writes it (version 3: each new task's key write
+//!   names its event), decoded back (it must round-trip, the key writes'
+//!   values made again from their events) and replayed;
 //! - odd: raw. The rest is a record's version byte and body, framed with a
 //!   correct checksum and decoded; whatever decodes is replayed.
 //!
@@ -23,9 +25,10 @@ use std::collections::BTreeSet;
 use arbitrary::{Arbitrary, Unstructured};
 use berth::budget::Blob;
 use berth::codec;
-use berth::store::event::{CommitRecord, Event, EventKind, KeyWrite};
+use berth::store::event::{CommitRecord, Event, EventKind, FromEvent, KeyWrite};
 use berth::store::order::Placement;
 use berth::store::verify::Model;
+use berth::store::{keys, stored};
 use berth::task::{Status, Task};
 
 const QUEUES: [&str; 3] = ["main", "parallel_queue_0", "q.1"];
@@ -252,10 +255,26 @@ fn record_from(script: Script) -> CommitRecord {
         });
         seq = seq.wrapping_add(1);
     }
+    // Each new task's key write names its event, as a commit writes it
+    // (a version-3 record), with a position or none.
+    let mut writes = vec![KeyWrite::remove(b"mapplied".to_vec())];
+    for (i, e) in events.iter().enumerate() {
+        if let EventKind::Enqueued { task, .. } = &e.kind {
+            let position = (i % 2 == 0).then_some(i as i64 - 32);
+            writes.push(KeyWrite {
+                key: keys::id_key(keys::TASK, task.id).to_vec(),
+                value: Some(stored::live_bytes(task, position)),
+                from_event: Some(FromEvent {
+                    event: i as u32,
+                    position,
+                }),
+            });
+        }
+    }
     CommitRecord {
         next_id: 9,
         events,
-        writes: vec![KeyWrite::remove(b"mapplied".to_vec())],
+        writes,
     }
 }
 
@@ -326,7 +345,7 @@ pub fn commit_record(data: &[u8]) {
             return;
         };
         let record = record_from(script);
-        let bytes = codec::encode(&record);
+        let bytes = codec::encode_as(&record, codec::COMMIT_VERSION).expect("encodes");
         let back: CommitRecord = codec::decode(&bytes).expect("an encoded record decodes");
         assert_eq!(back, record, "a record round-trips through the codec");
         record
