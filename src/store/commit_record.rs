@@ -153,7 +153,12 @@ fn decode_write<D: Decoder<Context = Layout>>(
         }
         found => Err(DecodeError::UnexpectedVariant {
             type_name: "KeyWrite",
-            allowed: &bincode::error::AllowedEnumVariants::Range { min: 0, max: 1 },
+            allowed: match events {
+                Some(_) if version >= codec::COMMIT_VERSION => {
+                    &bincode::error::AllowedEnumVariants::Range { min: 0, max: 2 }
+                }
+                _ => &bincode::error::AllowedEnumVariants::Range { min: 0, max: 1 },
+            },
             found: u32::from(found),
         }),
     }
