@@ -831,6 +831,113 @@ fn every_attempt_is_logged_and_a_library_handler_sees_a_cancel() {
     assert_log_agrees(&s.store);
 }
 
+/// A task started while every worker is busy waits for one in the pool. A
+/// cancel then takes its job back and ends it at once, `cancelled`, without
+/// its handler ever running and without waiting for the busy worker; a
+/// group's children waiting so end the same way while its running child is
+/// asked to stop. The busy handler is released only after both cancels
+/// were answered, so neither answer can have waited for it.
+#[test]
+fn a_cancel_ends_a_task_no_worker_has_taken_without_waiting_for_one() {
+    use berth::store::AttemptOutcome;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let s = setup(FakeClock::new(T0));
+    let release = Arc::new(AtomicBool::new(false));
+    let ran = Arc::new(AtomicUsize::new(0));
+    let mut h = Handlers::new();
+    let r = release.clone();
+    h.register("Block", move |_: &TaskContext| {
+        wait_for("the test to release the worker", || {
+            r.load(Ordering::SeqCst)
+        });
+        Outcome::success()
+    });
+    let n = ran.clone();
+    h.register("Ok", move |_: &TaskContext| {
+        n.fetch_add(1, Ordering::SeqCst);
+        Outcome::success()
+    });
+    let cfg = EngineConfig {
+        workers: 1,
+        ..EngineConfig::default()
+    };
+    let e = engine(&s, h, cfg);
+    let kind = |k: &str, q: &str, n: &str| TaskSpec {
+        kind: k.into(),
+        ..spec(q, n)
+    };
+    let block = e
+        .enqueue(kind("Block", "a", "block"), Placement::Last)
+        .unwrap();
+    let stop = e.stop_handle();
+    // If an assertion fails, the worker is released and the engine stopped,
+    // so that the test fails instead of hanging.
+    struct Unblock<'a>(&'a AtomicBool, &'a berth::engine::StopHandle);
+    impl Drop for Unblock<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+            self.1.stop();
+        }
+    }
+    let (single, group, children) = std::thread::scope(|sc| {
+        let runner = sc.spawn(|| e.run());
+        let _unblock = Unblock(&release, &stop);
+        wait_for("the only worker to be busy", || {
+            e.live_attempt(block)
+                .is_some_and(|_| s.store.task(block).unwrap().unwrap().status == Status::Running)
+        });
+        let single = e
+            .enqueue(kind("Ok", "b", "single"), Placement::Last)
+            .unwrap();
+        let group = e
+            .enqueue_batch(
+                ["x", "y"]
+                    .iter()
+                    .map(|n| TaskSpec {
+                        weight: Some(1),
+                        ..kind("Ok", "c", n)
+                    })
+                    .collect(),
+            )
+            .unwrap()[0];
+        let children = s.store.task(group).unwrap().unwrap().children;
+        wait_for("every task to be started", || {
+            std::iter::once(single)
+                .chain(children.iter().copied())
+                .all(|id| s.store.task(id).unwrap().unwrap().status == Status::Running)
+        });
+        assert_eq!(e.cancel(single).unwrap(), vec![single]);
+        let mut want = children.to_vec();
+        want.push(group);
+        assert_eq!(e.cancel(group).unwrap(), want);
+        assert!(!release.load(Ordering::SeqCst));
+        release.store(true, Ordering::SeqCst);
+        wait_for("the busy task to finish", || {
+            s.store.history_task(block).unwrap().is_some()
+        });
+        stop.stop();
+        runner.join().unwrap().unwrap();
+        (single, group, children)
+    });
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "no cancelled handler ran");
+    for id in std::iter::once(single).chain(children.iter().copied()) {
+        let t = s.store.task(id).unwrap().unwrap();
+        assert_eq!(t.status, Status::Cancelled, "task {id}");
+        let logs = s.store.attempts(id).unwrap();
+        assert_eq!(logs.len(), 1, "task {id}");
+        assert_eq!(logs[0].outcome, AttemptOutcome::Cancelled, "task {id}");
+    }
+    assert_eq!(
+        s.store.task(group).unwrap().unwrap().status,
+        Status::Cancelled
+    );
+    assert_eq!(
+        s.store.task(block).unwrap().unwrap().status,
+        Status::Succeeded
+    );
+    assert_log_agrees(&s.store);
+}
+
 /// Children interrupted at a crash count as failed attempts on their parent,
 /// and a parent is brought up to date once per step, not once per child:
 /// three children interrupted together give one `group-updated` event with

@@ -3,13 +3,15 @@
 //! steps (`handler::run_attempt`), and sends the outcome back to the
 //! scheduler as one `Msg::Done`, with what the attempt printed (its
 //! `LiveAttempt`). An attempt cancelled before a worker took it does not
-//! run.
+//! run: the cancel took it back (its pickup flag), or, when the flag was
+//! already the worker's, the worker sees the cancel signal first.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use crate::budget::Budget;
+use crate::engine::cancel::NOT_STARTED;
 use crate::engine::handler::{Handlers, Outcome, TaskContext, run_attempt};
 use crate::engine::live::LiveAttempt;
 use crate::engine::pool::Job;
@@ -17,7 +19,8 @@ use crate::engine::scheduler::{Completion, Msg, StepEnv};
 use crate::task::Task;
 
 /// The job that runs one attempt of `task` (already started in the store).
-/// `picked` is set when a worker takes it.
+/// `picked` is set when a worker takes it, or when a cancel takes it back
+/// first (then the job does nothing).
 pub(super) fn job(
     env: &StepEnv<'_>,
     task: Task,
@@ -30,11 +33,17 @@ pub(super) fn job(
     let budget = *env.budget;
     let node = env.config.node.clone();
     Box::new(move || {
-        picked.store(true, Ordering::SeqCst);
+        if picked.swap(true, Ordering::SeqCst) {
+            // A cancel took the attempt back before any worker took it
+            // (`cancel.rs` `take_back`): it has ended already, and no
+            // completion comes from here.
+            commits.arrived(1);
+            return;
+        }
         let started = Instant::now();
         let (id, queue) = (task.id, task.queue.clone());
         let outcome = if live.cancel_requested() {
-            Outcome::fail("cancelled before it started")
+            Outcome::fail(NOT_STARTED)
         } else {
             run(&handlers, &budget, node, task, live.clone())
         };

@@ -3,14 +3,23 @@
 //! task's handler is asked to stop (its `LiveAttempt`'s cancel signal: a
 //! command handler's process group gets SIGTERM, then SIGKILL after its
 //! grace), and it ends `cancelled` when its attempt returns
-//! (`complete.rs`); a group parent ends once no child is live
+//! (`complete.rs`); an attempt no worker has taken yet (all were busy) is
+//! taken back instead (`take_back`) and ends `cancelled` in the same step,
+//! without waiting for a worker; a group parent ends once no child is live
 //! (`update_parent`). Each request is answered once its task has left the
 //! live tasks and the step that did it is durable.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
 
-use crate::engine::scheduler::{CancelReply, CancelRequest, LOG_TARGET, Scheduler};
+use crate::engine::handler::Outcome;
+use crate::engine::scheduler::{
+    CancelReply, CancelRequest, Completion, LOG_TARGET, Scheduler, StepEnv,
+};
 use crate::store::{WriteError, WriteTxn};
+
+/// The outcome of an attempt cancelled before its handler ran.
+pub(super) const NOT_STARTED: &str = "cancelled before it started";
 
 /// An answer to send once the step's commit is durable.
 pub(super) type Answer = (CancelReply, Result<Vec<u64>, WriteError>);
@@ -19,11 +28,13 @@ impl Scheduler {
     /// Handles one cancel request in the step's transaction. An error (no
     /// such task, a finished task, a group child alone) is answered at once
     /// (returned); otherwise the request waits until its task has ended.
+    /// Returns Err only for store failures.
     pub(super) fn request_cancel(
         &mut self,
         w: &mut WriteTxn<'_>,
+        env: &StepEnv<'_>,
         req: CancelRequest,
-    ) -> Option<Answer> {
+    ) -> Result<Option<Answer>, WriteError> {
         let id = req.id;
         let running: BTreeSet<u64> = self
             .queues
@@ -53,7 +64,7 @@ impl Scheduler {
         };
         let c = match w.cancel(id, &|x| running.contains(&x)) {
             Ok(c) => c,
-            Err(e) => return Some((req.reply, Err(e))),
+            Err(e) => return Ok(Some((req.reply, Err(e)))),
         };
         for q in heads {
             self.head_gone(&q);
@@ -79,9 +90,52 @@ impl Scheduler {
                 "task {id}: cancelling; asked {} running handler(s) to stop",
                 c.running.len()
             );
+            for r in &c.running {
+                self.take_back(w, env, *r)?;
+            }
         }
         self.cancels.waiting.push((id, c.ids, req.reply));
-        None
+        Ok(None)
+    }
+
+    /// A running task whose job no worker has taken yet (every worker was
+    /// busy): the job is taken back (its pickup flag claimed first, so no
+    /// worker runs it: `attempt.rs`) and the attempt ends here, `cancelled`
+    /// in this step, as it would have when a worker took it, instead of
+    /// waiting for a worker to be free.
+    fn take_back(
+        &mut self,
+        w: &mut WriteTxn<'_>,
+        env: &StepEnv<'_>,
+        id: u64,
+    ) -> Result<(), WriteError> {
+        let Some((queue, running)) = self.queues.iter().find_map(|(q, s)| {
+            s.running
+                .as_ref()
+                .filter(|r| r.id == id && !r.group)
+                .map(|r| (q, r))
+        }) else {
+            return Ok(());
+        };
+        if running.picked.swap(true, Ordering::SeqCst) {
+            return Ok(()); // a worker has it: it stops when it sees the signal
+        }
+        let queue = queue.clone();
+        log::info!(
+            target: LOG_TARGET,
+            "task {id}: no worker had taken it yet; it does not run"
+        );
+        self.complete(
+            w,
+            env,
+            Completion {
+                id,
+                queue,
+                outcome: Outcome::fail(NOT_STARTED),
+                duration_ms: 0,
+                output: Box::default(),
+            },
+        )
     }
 
     /// The queue whose running entry is `id` shows that it is being

@@ -451,8 +451,10 @@ impl Engine {
                 continue;
             }
             for r in inbox.cancels {
-                answers.extend(sched.request_cancel(&mut w, r));
+                answers.extend(sched.request_cancel(&mut w, &env, r)?);
             }
+            // The parents of the children a cancel ended at once.
+            sched.settle_parents(&mut w)?;
             // Before any head starts: a task past its TTL never starts.
             progress += sched.expire_due(&mut w)?;
             let jobs = if dispatch {

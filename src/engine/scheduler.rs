@@ -93,7 +93,8 @@ pub(super) struct Cancels {
 pub(super) struct Running {
     pub(super) id: u64,
     pub(super) since: u64,
-    /// Set by the worker when it picks the job up.
+    /// Set by the worker when it picks the job up, or by a cancel that
+    /// takes the job back before any worker did (`cancel.rs`).
     pub(super) picked: Arc<AtomicBool>,
     /// A group parent waiting for its children (no job in the pool).
     pub(super) group: bool,
