@@ -3,6 +3,7 @@
 mod common;
 
 use common::{assert_text_eq, berth, stderr, stdout, tempdir};
+use std::os::unix::fs::PermissionsExt;
 
 #[test]
 fn enqueue_prints_the_id_and_queue_list_shows_the_order() {
@@ -243,6 +244,26 @@ fn refused_changes_leave_every_file_of_the_data_dir_as_it_was() {
         !none.exists(),
         "a refused enqueue created {}",
         none.display()
+    );
+    // Nor does an empty folder, which is left empty, with its mode.
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    std::fs::set_permissions(&empty, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let o = berth(
+        &empty,
+        &[
+            "enqueue", "--queue", "main", "--kind", "K", "--name", "b", "--before", "7",
+        ],
+    );
+    common::assert_refused(&o, 2, "task 7 is not in any queue");
+    assert_eq!(
+        std::fs::read_dir(&empty).unwrap().count(),
+        0,
+        "a refused enqueue wrote into an empty folder"
+    );
+    assert_eq!(
+        std::fs::metadata(&empty).unwrap().permissions().mode() & 0o777,
+        0o755
     );
     // What the data dir takes is done.
     let b = common::enqueue_id(

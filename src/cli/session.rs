@@ -200,11 +200,15 @@ impl Session {
     /// dir's files stay exactly as they were. A request the data dir would take gets as
     /// far as its commit, which the read-only store refuses; it then runs
     /// on the data dir opened to write (and is checked there again, against
-    /// the state then). A data dir that does not exist holds no task to
-    /// anchor to; one that does not open to read is left to the writable
-    /// open to report.
+    /// the state then). A data dir that does not exist yet (no folder, or a
+    /// folder without `berth.dir` and `db/`, which an `enqueue` would make
+    /// one) holds no task to anchor to; one that does not open to read is
+    /// left to the writable open to report.
     fn rehearse(&self, req: &Request) -> Result<(), OpError> {
-        if !self.dir.exists() {
+        let is_data_dir = ["berth.dir", "db"]
+            .iter()
+            .any(|n| std::fs::symlink_metadata(self.dir.join(n)).is_ok());
+        if !is_data_dir {
             return match req.anchor() {
                 Some(anchor) => Err(WriteError::Order(OrderError::NotQueued(anchor)).into()),
                 None => Ok(()),
