@@ -350,3 +350,54 @@ fn any_result_can_be_read_back_the_same_with_and_without_the_daemon() {
         online[2].1
     );
 }
+
+/// A handler inherits no descriptor but its three pipes, even one that
+/// berth itself inherited without close-on-exec (from a shell, a
+/// supervisor): the daemon is started with a file open on descriptor 7,
+/// and the handler lists its own descriptors.
+#[test]
+fn a_handler_inherits_no_descriptor_the_daemon_inherited() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let dir = tempdir();
+    let root = dir.path();
+    let config = write_root(
+        root,
+        "#!/bin/sh\nfds=\"\"\nfor f in /proc/$$/fd/*; do fds=\"$fds ${f##*/}\"; done\necho \"\\\"$fds\\\"\"\n",
+        "data_dir = \"data\"\n[handlers.Sh]\ncommand = [\"./hook.sh\"]\n",
+    );
+    let data = root.join("data");
+    let id = enqueue(&data, "main", "fds", NULL);
+    let file = std::fs::File::open(&config).expect("opening the config");
+    let fd = file.as_raw_fd();
+    let mut d = Daemon::spawn_with(&config, &data, &["--until-idle"], |cmd| {
+        // SAFETY: dup2 is async-signal-safe; the copy on 7 has no
+        // close-on-exec flag, as an inherited descriptor would not.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::dup2(fd, 7) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    });
+    let (status, _) = d.wait_exit(Duration::from_secs(60));
+    assert!(status.success(), "berth run: {status}\n{}", d.log_text());
+    let t = task_json(&data, id);
+    assert_eq!(t["status"], "succeeded", "{t}");
+    let fds: Vec<i32> = t["result"]
+        .as_str()
+        .expect("the handler's descriptors")
+        .split_whitespace()
+        .map(|n| n.parse().expect("a descriptor number"))
+        .collect();
+    for std_fd in [0, 1, 2] {
+        assert!(fds.contains(&std_fd), "{fds:?}");
+    }
+    assert!(
+        !fds.contains(&7),
+        "the handler inherited descriptor 7: {fds:?}"
+    );
+    drop(file);
+}

@@ -439,17 +439,66 @@ fn spawn(
         Some(f) => cmd.env(RESULT_ENV, f),
         None => cmd.env_remove(RESULT_ENV),
     };
-    // SAFETY: prctl(2) is async-signal-safe; the handler dies with berth
-    // (a crash, kill -9) instead of running on beside its own re-run.
+    // SAFETY: prctl(2), close_range(2), getrlimit(2) and fcntl(2) are
+    // async-signal-safe. The handler dies with berth (a crash, kill -9)
+    // instead of running on beside its own re-run, and inherits no
+    // descriptor but its three pipes.
     unsafe {
         cmd.pre_exec(|| {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
+            close_inherited_on_exec();
             Ok(())
         });
     }
     cmd.spawn().map_err(|e| format!("cannot start {prog}: {e}"))
+}
+
+/// Marks every descriptor above stderr close-on-exec, in the child between
+/// fork and exec. berth opens its own files close-on-exec, but a descriptor
+/// berth itself inherited without the flag (from a shell, a supervisor)
+/// would otherwise pass on to every handler. Marked, not closed: the pipe
+/// on which the standard library reports a failed exec must stay open
+/// until the exec. `close_range` with `CLOSE_RANGE_CLOEXEC` (Linux 5.11);
+/// on an older kernel, `fcntl` on each descriptor below the open-files
+/// limit (at most 65,536).
+///
+/// # Safety
+/// Only between fork and exec (it calls async-signal-safe functions only).
+unsafe fn close_inherited_on_exec() {
+    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+    // SAFETY: the syscall takes three integers and touches no memory.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            libc::c_uint::MAX,
+            CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    if r == 0 {
+        return;
+    }
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct it is given.
+    let max = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+        lim.rlim_cur.min(65_536) as libc::c_int
+    } else {
+        65_536
+    };
+    for fd in 3..max {
+        // SAFETY: fcntl on a descriptor that may not be open: EBADF, ignored.
+        unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFD);
+            if flags >= 0 && flags & libc::FD_CLOEXEC == 0 {
+                libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
+            }
+        }
+    }
 }
 
 /// A process's three pipes, as [`pump`] moves data through them.
