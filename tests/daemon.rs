@@ -346,3 +346,38 @@ fn a_killed_daemons_result_file_is_removed_by_the_next_daemon() {
     again.signal(libc::SIGKILL);
     again.wait_exit(Duration::from_secs(20));
 }
+
+/// A second signal exits at once with code 1, and first kills the process
+/// group of every running handler: a process a handler started in its group
+/// (which the death signal of the handler's first process does not reach)
+/// does not outlive the daemon. The task is left running in the store.
+#[test]
+fn a_second_signal_exits_at_once_and_kills_what_the_handlers_started() {
+    let root = tempdir();
+    write_root(
+        root.path(),
+        "#!/bin/sh\nsleep 60 &\necho $! > grandchild.pid\nwait\n",
+        "data_dir = \"data\"\ngrace = \"60s\"\n[handlers.Sh]\ncommand = [\"./hook.sh\"]\ntimeout = \"60s\"\n",
+    );
+    let mut d = Daemon::start_in(root.path());
+    let id = enqueue(&d.dir, "held");
+    let pid_file = root.path().join("grandchild.pid");
+    wait_for("the handler's child", || read_pid(&pid_file).is_some());
+    let pid = read_pid(&pid_file).expect("its pid");
+    assert!(alive(pid));
+    d.signal(libc::SIGTERM);
+    d.wait_log("stopping");
+    d.signal(libc::SIGTERM);
+    // Well within the 60 s grace and the 60 s timeout.
+    let (status, _) = d.wait_exit(Duration::from_secs(20));
+    assert_eq!(status.code(), Some(1), "{status:?}");
+    wait_for("the handler's child to be killed", || !alive(pid));
+    let log = d.log_text();
+    assert!(
+        log.contains(
+            "a second signal (SIGTERM): exiting at once; killed 1 handler process group(s) still running"
+        ),
+        "{log}"
+    );
+    assert_eq!(task_json(&d.dir, id)["status"], "running");
+}

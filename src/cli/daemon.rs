@@ -145,22 +145,47 @@ fn start_engine(config: &Config) -> Result<Engine, CliError> {
     Ok(engine)
 }
 
-/// SIGTERM, SIGINT and SIGHUP stop the engine; a second one exits at once.
-/// (SIGHUP too: a closed terminal or session must not kill the daemon like
-/// a crash, its default action, but stop it like SIGTERM.)
+/// SIGTERM, SIGINT and SIGHUP stop the engine; a second one exits at once,
+/// with code 1, after killing the process groups of the handlers still
+/// running (their first processes would die with berth by their death
+/// signal, but not what they started in their group). (SIGHUP too: a
+/// closed terminal or session must not kill the daemon like a crash, its
+/// default action, but stop it like SIGTERM.) The signals are read on a
+/// thread of their own, not in a signal handler, so that a second one can
+/// do that work.
 fn install_signals(engine: &Engine) -> Result<(), CliError> {
-    let stop = engine.stop_handle().flag();
-    for sig in [
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGHUP,
-    ] {
-        // A second signal, arriving when the flag is already set, exits at once.
-        signal_hook::flag::register_conditional_shutdown(sig, 1, stop.clone())
-            .and_then(|_| signal_hook::flag::register(sig, stop.clone()))
-            .map_err(|e| CliError::runtime(format!("installing signal handlers: {e}")))?;
-    }
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let stop = engine.stop_handle();
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])
+        .map_err(|e| CliError::runtime(format!("installing signal handlers: {e}")))?;
+    std::thread::Builder::new()
+        .name("berth-signals".into())
+        .spawn(move || {
+            let mut first = true;
+            for sig in signals.forever() {
+                if std::mem::take(&mut first) {
+                    stop.stop();
+                    continue;
+                }
+                let n = berth::engine::command::kill_running();
+                log::warn!(
+                    "a second signal ({}): exiting at once; killed {n} handler process group(s) still running",
+                    signal_name(sig)
+                );
+                std::process::exit(1);
+            }
+        })
+        .map_err(|e| CliError::runtime(format!("starting the signal thread: {e}")))?;
     Ok(())
+}
+
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        signal_hook::consts::SIGTERM => "SIGTERM",
+        signal_hook::consts::SIGINT => "SIGINT",
+        signal_hook::consts::SIGHUP => "SIGHUP",
+        _ => "a signal",
+    }
 }
 
 /// Serves the control socket and runs the service thread while the engine
