@@ -608,6 +608,161 @@ fn through_daemons_a_running_task_comes_back_queued_and_everything_runs() {
     verify(&b);
 }
 
+/// The names of the tasks `task list` shows with `status` (a daemon's,
+/// through its config).
+fn names_with_status(cfg: &Path, status: &str) -> Vec<String> {
+    let o = berth_cfg(cfg, &["task", "list", "--status", status, "-o", "json"]);
+    ok(&o, "task list");
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).expect("json");
+    rows.iter()
+        .map(|r| r["name"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+/// A group exported while it ran (one child finished, two running in
+/// parallel queues) comes back as a group not yet dispatched: its parent
+/// behind the task already in its queue, its live children in no queue.
+/// None of them starts before that task has finished, and the finished
+/// child keeps its outcome and does not run again.
+#[test]
+fn a_running_group_comes_back_undispatched_behind_the_queue() {
+    let ra = tempdir();
+    let cfg_a = write_root(ra.path(), HOOK, &config("edge-1", ""));
+    std::fs::write(ra.path().join("hold"), b"").expect("hold");
+    let a = ra.path().join("data");
+    let batch = ra.path().join("group.json");
+    std::fs::write(
+        &batch,
+        r#"[{"queue":"gq","kind":"ModuleRun","name":"c1","weight":5,"payload":{"hold":1}},
+            {"queue":"gq","kind":"ModuleRun","name":"c2","weight":5,"payload":{"hold":2}},
+            {"queue":"gq","kind":"ModuleRun","name":"c3","weight":5}]"#,
+    )
+    .expect("batch");
+    ok(
+        &berth(&a, &["enqueue", "--batch", batch.to_str().expect("utf-8")]),
+        "batch",
+    );
+    let mut da = Daemon::start_in(ra.path());
+    wait_for("c1 and c2 to run and c3 to finish on A", || {
+        let mut running = names_with_status(&cfg_a, "running");
+        running.sort();
+        running == ["c1", "c2"] && names_with_status(&cfg_a, "succeeded") == ["c3"]
+    });
+    let file = ra.path().join("rungroup.bex");
+    let o = berth_cfg(
+        &cfg_a,
+        &[
+            "export",
+            "-o",
+            file.to_str().expect("utf-8"),
+            "--queue",
+            "gq",
+        ],
+    );
+    ok(&o, "export --queue gq");
+    assert!(
+        stderr(&o).contains("exported 4 tasks (3 queues, 1 groups)"),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::remove_file(ra.path().join("hold")).expect("release");
+    da.signal(libc::SIGTERM);
+    da.wait_exit(Duration::from_secs(20));
+
+    let rb = tempdir();
+    let cfg_b = write_root(rb.path(), HOOK, &config("edge-2", ""));
+    let b = rb.path().join("data");
+    let blocker = common::enqueue_id(
+        &b,
+        &[
+            "--queue",
+            "gq",
+            "--kind",
+            "ModuleRun",
+            "--name",
+            "blocker",
+            "--payload",
+            r#"{"hold":3}"#,
+        ],
+    );
+    let o = berth(&b, &["import", file.to_str().expect("utf-8"), "-o", "json"]);
+    ok(&o, "import");
+    let map = id_map(&o);
+    let sa = state(&a);
+    let new_of = |is: &dyn Fn(&Task) -> bool| {
+        let t = sa.tasks.values().find(|t| is(t)).expect("on A");
+        map[&t.id]
+    };
+    let parent = new_of(&|t| !t.children.is_empty());
+    let [c1, c2, c3] = ["c1", "c2", "c3"].map(|n| new_of(&|t| t.name == n));
+
+    // After the import: the parent behind the blocker, no child in a queue.
+    let sb = state(&b);
+    let want: BTreeMap<String, Vec<u64>> = [("gq".to_string(), vec![blocker, parent])].into();
+    assert_eq!(sb.queues, want, "the children are in no queue");
+    for c in [c1, c2] {
+        let t = &sb.tasks[&c];
+        assert_eq!(t.status, Status::Queued, "{t:?}");
+        assert_eq!(t.queue, "gq", "a waiting child has its parent's queue");
+        assert_eq!(t.parent, Some(parent));
+        assert_eq!((t.attempts, t.failures), (1, 1), "{t:?}");
+        assert_eq!(
+            t.last_failure.as_deref(),
+            Some(berth::ops::INTERRUPTED_BY_EXPORT)
+        );
+        assert!(!sb.history.contains(&c));
+    }
+    let done = &sb.tasks[&c3];
+    assert!(sb.history.contains(&c3));
+    assert_eq!((done.status, done.attempts), (Status::Succeeded, 1));
+    assert_eq!(sb.tasks[&parent].children.to_vec(), [c1, c2, c3]);
+    verify(&b);
+
+    // Running it: nothing of the group starts while the blocker runs.
+    std::fs::write(rb.path().join("hold"), b"").expect("hold");
+    let mut db = Daemon::start_in(rb.path());
+    wait_for("the blocker to run on B", || {
+        names_with_status(&cfg_b, "running").contains(&"blocker".to_string())
+    });
+    // The step that started the blocker would have started the children
+    // too, had they been placed: they run until `hold` goes, as it does.
+    assert_eq!(names_with_status(&cfg_b, "running"), ["blocker"]);
+    let mut waiting = names_with_status(&cfg_b, "waiting");
+    waiting.sort();
+    assert_eq!(waiting, ["c1", "c2"], "the children wait in no queue");
+    std::fs::remove_file(rb.path().join("hold")).expect("release");
+    wait_for("every task to finish on B", || {
+        names_with_status(&cfg_b, "live").is_empty()
+    });
+    // A stop, not a kill: what the list showed is on the disk once the
+    // daemon has exited (a step is published before it is durable).
+    db.signal(libc::SIGTERM);
+    db.wait_exit(Duration::from_secs(20));
+    drop(db);
+    let sb = state(&b);
+    let blocked_until = sb.tasks[&blocker]
+        .finished_at
+        .expect("the blocker finished");
+    for c in [c1, c2] {
+        let t = &sb.tasks[&c];
+        assert_eq!((t.status, t.attempts), (Status::Succeeded, 2), "{t:?}");
+        let started = t.started_at.expect("started");
+        assert!(
+            started >= blocked_until,
+            "child {c} started at {started}, before the blocker finished at {blocked_until}"
+        );
+    }
+    let done = &sb.tasks[&c3];
+    assert_eq!(
+        (done.status, done.attempts),
+        (Status::Succeeded, 1),
+        "not run again"
+    );
+    assert_eq!(sb.tasks[&parent].status, Status::Succeeded);
+    assert!(sb.queues.is_empty(), "{:?}", sb.queues);
+    verify(&b);
+}
+
 #[test]
 fn a_daemon_writes_backups_and_keeps_the_newest() {
     let root = tempdir();

@@ -8,7 +8,10 @@
 //! whole file first (format, names, budget, kinds, the size of the one
 //! commit), then adds every task with a new id through `WriteTxn::enqueue`
 //! (normal `enqueued` events; a finished task then gets its
-//! `moved-to-history`), keeping queue order, groups and the history.
+//! `moved-to-history`), keeping queue order, groups and the history. A
+//! group that had been dispatched comes back as one that has not: its
+//! parent at the end of its queue, its live children in no queue (see
+//! `waits_for_parent`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
@@ -396,11 +399,16 @@ fn too_big(name: &str, tasks: usize, size: usize) -> OpError {
 }
 
 /// The task as it is added: its new id and group ids; a task that was
-/// running comes back queued, with one failure more.
-fn prepared(t: &Task, new_id: &BTreeMap<u64, u64>) -> Task {
+/// running comes back queued, with one failure more; a group child that
+/// waits again for its parent (`regroup`) goes back to its parent's queue
+/// name, as a child of a group not yet dispatched has.
+fn prepared(t: &Task, new_id: &BTreeMap<u64, u64>, regroup: Option<&str>) -> Task {
     let map = |id: u64| new_id.get(&id).copied().unwrap_or(id);
     let mut t = t.clone();
     t.id = map(t.id);
+    if let Some(queue) = regroup {
+        t.queue = queue.to_string();
+    }
     t.parent = t.parent.map(map);
     t.children = t.children.iter().map(|c| map(*c)).collect();
     if t.status == Status::Running {
@@ -410,6 +418,26 @@ fn prepared(t: &Task, new_id: &BTreeMap<u64, u64>) -> Task {
         t.retry_at = None;
     }
     t
+}
+
+/// The queue of the parent a live group child waits for again after an
+/// import: its parent comes back queued (it holds its queue, so its group
+/// has not ended), and the group comes back as one not yet dispatched, its
+/// parent at the end of its queue and its live children in no queue, to be
+/// placed when the parent reaches the head. (A child placed in a parallel
+/// queue, running or not, would otherwise start at once, ahead of the tasks
+/// the parent now waits behind.) Its finished children stay in the history
+/// with their outcome: the dispatch passes over them, as after a restart.
+/// None for every other task, which keeps its place: a task in no group,
+/// a finished one, a parent, and the child of a parent that is not queued
+/// in the file (neither is a state a store exports: such a task keeps its
+/// exported place, as before).
+fn waits_for_parent<'a>(e: &Exported, by_id: &HashMap<u64, &'a Exported>) -> Option<&'a str> {
+    if e.place == Place::History || !e.task.children.is_empty() {
+        return None;
+    }
+    let parent = by_id.get(&e.task.parent?)?;
+    (parent.place == Place::Queue).then_some(parent.task.queue.as_str())
 }
 
 /// Adds the tasks of the export file at `path` (named `label` in messages,
@@ -430,16 +458,27 @@ pub fn import(ctx: &Ctx<'_>, path: &Path, label: Option<&str>) -> Result<Value, 
         .map(|e| (e.task.id, w.allocate_id()))
         .collect();
     let stage = |w: &mut crate::store::WriteTxn<'_>| -> Result<(), WriteError> {
+        // Queued tasks at the end of their queues, in exported order; a
+        // group child whose parent comes back queued is not among them.
         for q in &export.queues {
             for old in &q.ids {
-                w.enqueue(prepared(&by_id[old].task, &new_id), Some(Placement::Last))?;
+                let Some(e) = by_id.get(old) else { continue };
+                if waits_for_parent(e, &by_id).is_none() {
+                    w.enqueue(prepared(&e.task, &new_id, None), Some(Placement::Last))?;
+                }
             }
         }
-        for e in export.tasks.iter().filter(|e| e.place == Place::Waiting) {
-            w.enqueue(prepared(&e.task, &new_id), None)?;
+        // The children waiting for their parents, in no queue: those that
+        // waited already, and those the group had placed (see
+        // `waits_for_parent`).
+        for e in export.tasks.iter().filter(|e| e.place != Place::History) {
+            let regroup = waits_for_parent(e, &by_id);
+            if e.place == Place::Waiting || regroup.is_some() {
+                w.enqueue(prepared(&e.task, &new_id, regroup), None)?;
+            }
         }
         for e in export.tasks.iter().filter(|e| e.place == Place::History) {
-            let id = w.enqueue(prepared(&e.task, &new_id), None)?;
+            let id = w.enqueue(prepared(&e.task, &new_id, None), None)?;
             w.to_history(id, e.task.status)?;
         }
         Ok(())
