@@ -85,27 +85,46 @@ pub fn enqueue_one(
         .into_task(store.clock().now_ms(), store.budget())
         .map_err(|e| EnqueueError::from_build(None, e))?;
     let mut w = store.write();
-    let id = match Compactor::new().single(&mut w, &task)? {
-        Some(waiting) => merge(&mut w, waiting, task)?,
+    let (id, merged) = match Compactor::new().single(&mut w, &task)? {
+        Some(waiting) => {
+            let note = merge_note(&task, waiting);
+            (merge_quietly(&mut w, waiting, task)?, Some(note))
+        }
         None => {
             let placement = w.around_running(&task.queue, placement)?;
-            w.enqueue(task, Some(placement))?
+            (w.enqueue(task, Some(placement))?, None)
         }
     };
     w.commit()?;
+    // Said once it is done: a command without a daemon first tries an
+    // enqueue with `--after` or `--before` on a read-only open, whose
+    // commit is refused.
+    if let Some(note) = merged {
+        log::info!("{note}");
+    }
     Ok(id)
 }
 
-/// Merges `task` (not enqueued) into the waiting task `into`; returns `into`.
-fn merge(w: &mut WriteTxn<'_>, into: u64, task: Task) -> Result<u64, WriteError> {
-    log::info!(
+/// What a merge of `task` into `into` is logged as.
+fn merge_note(task: &Task, into: u64) -> String {
+    format!(
         "{} {} merged into waiting task {into} (compaction key {:?})",
         task.kind,
         task.name,
         task.compaction_key.as_deref().unwrap_or_default()
-    );
+    )
+}
+
+/// Merges `task` (not enqueued) into the waiting task `into`; returns `into`.
+fn merge_quietly(w: &mut WriteTxn<'_>, into: u64, task: Task) -> Result<u64, WriteError> {
     w.merge(into, task.payload)?;
     Ok(into)
+}
+
+/// [`merge_quietly`], logged as it is staged (a batch's merges).
+fn merge(w: &mut WriteTxn<'_>, into: u64, task: Task) -> Result<u64, WriteError> {
+    log::info!("{}", merge_note(&task, into));
+    merge_quietly(w, into, task)
 }
 
 /// Stages a batch in `w`: every spec is checked first; then the batch is

@@ -307,3 +307,43 @@ fn restarting_with_the_same_enqueue_file_adds_nothing_that_still_waits() {
     let v = common::berth(&dir, &["verify"]);
     assert!(v.status.success(), "{}", stderr(&v));
 }
+
+/// A merge is logged once, when it is done: an `enqueue --after` without a
+/// daemon is first tried on a read-only open (whose commit is refused), and
+/// that rehearsal does not log the merge too.
+#[test]
+fn a_merge_through_the_cli_is_logged_once() {
+    let dir = tempdir();
+    let d = dir.path().join("data");
+    let enqueue = |extra: &[&str]| {
+        Command::new(common::berth_bin())
+            .arg("--data-dir")
+            .arg(&d)
+            .args([
+                "enqueue",
+                "--queue",
+                "main",
+                "--kind",
+                "Hook",
+                "--name",
+                "hook",
+                "--compaction-key",
+                "hook/main",
+            ])
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .output()
+            .expect("run berth")
+    };
+    let first = enqueue(&[]);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let o = enqueue(&["--after", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).trim(), "1", "merged into task 1");
+    let text = stderr(&o);
+    assert_eq!(
+        text.matches("Hook hook merged into waiting task 1").count(),
+        1,
+        "{text}"
+    );
+}
