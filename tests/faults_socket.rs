@@ -101,7 +101,7 @@ fn ask(s: &mut UnixStream, line: &str) -> serde_json::Value {
 }
 
 #[test]
-fn unknown_fields_are_refused_for_every_request() {
+fn unknown_fields_and_contradicting_placements_are_refused() {
     let root = tempdir();
     write_config(root.path(), "2s");
     let d = start(root.path());
@@ -119,6 +119,23 @@ fn unknown_fields_are_refused_for_every_request() {
         assert_eq!(a["error"]["code"], 2, "{line}: {a}");
         let msg = a["error"]["message"].as_str().unwrap_or_default();
         assert!(msg.contains("unknown field `bogus`"), "{line}: {a}");
+    }
+    // Placements that contradict each other (the CLI's flags conflict).
+    for line in [
+        format!(
+            r#"{{"op":"enqueue","spec":{{"queue":"q","kind":"Sh","name":"x"}},"after":{id},"before":{id}}}"#
+        ),
+        format!(
+            r#"{{"op":"enqueue","spec":{{"queue":"q","kind":"Sh","name":"x"}},"first":true,"before":{id}}}"#
+        ),
+    ] {
+        let a = ask(&mut s, &line);
+        assert_eq!(a["error"]["code"], 2, "{line}: {a}");
+        let msg = a["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            msg.contains("give at most one of first, after and before"),
+            "{line}: {a}"
+        );
     }
     // Nothing was done: the task is still there, and nothing was added.
     let a = ask(&mut s, r#"{"op":"queue_list"}"#);

@@ -394,13 +394,21 @@ impl Request {
     }
 }
 
-/// Placement from the enqueue flags.
-pub fn placement(first: bool, after: Option<u64>, before: Option<u64>) -> Placement {
+/// Placement from the enqueue flags: at most one of them (the CLI's flags
+/// conflict; a socket request that gives two is refused, not read as one).
+pub fn placement(
+    first: bool,
+    after: Option<u64>,
+    before: Option<u64>,
+) -> Result<Placement, OpError> {
     match (first, after, before) {
-        (true, _, _) => Placement::First,
-        (_, Some(id), _) => Placement::After(id),
-        (_, _, Some(id)) => Placement::Before(id),
-        _ => Placement::Last,
+        (false, None, None) => Ok(Placement::Last),
+        (true, None, None) => Ok(Placement::First),
+        (false, Some(id), None) => Ok(Placement::After(id)),
+        (false, None, Some(id)) => Ok(Placement::Before(id)),
+        _ => Err(OpError::input(
+            "enqueue: give at most one of first, after and before",
+        )),
     }
 }
 
@@ -413,7 +421,7 @@ pub fn execute(ctx: &Ctx<'_>, req: Request) -> Result<Value, OpError> {
             first,
             after,
             before,
-        } => enqueue(ctx, *spec, placement(first, after, before)).map(|id| json!([id])),
+        } => enqueue(ctx, *spec, placement(first, after, before)?).map(|id| json!([id])),
         Request::EnqueueBatch { tasks } => enqueue_batch(ctx, tasks).map(|ids| json!(ids)),
         Request::QueueList { all } => {
             queue_list(ctx, all).map(|views| report::views_to_json(&views))
