@@ -347,7 +347,7 @@ impl Config {
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         // A config is a few KiB; 16 MiB is no config.
         let text = std::fs::File::open(path)
-            .and_then(|f| crate::frame::read_capped(f, 16 << 20))
+            .and_then(|f| crate::frame::read_file_capped(f, 16 << 20))
             .and_then(|b| String::from_utf8(b).map_err(std::io::Error::other))
             .map_err(|e| ConfigError {
                 path: path.to_path_buf(),

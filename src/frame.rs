@@ -129,10 +129,62 @@ pub fn u64_at(b: &[u8], at: usize) -> u64 {
 /// Reads `r` to its end, refusing (`InvalidData`, before reading further)
 /// more than `max` bytes: a file named on a command line may be
 /// `/dev/zero`, or far larger than anything berth would take from it.
-pub fn read_capped(r: impl std::io::Read, max: u64) -> std::io::Result<Vec<u8>> {
+/// Past the first [`READ_CHUNK`] it reads in chunks of that size, so that
+/// refusing a stream holds at most `max` and one chunk (a growing `Vec`
+/// would hold twice as much while it doubles) and an accepted one is put
+/// together once, at its exact size.
+pub fn read_capped(mut r: impl std::io::Read, max: u64) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
-    let mut bytes = Vec::new();
-    r.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
+    let too_big = || {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {}", crate::units::format_size(max)),
+        )
+    };
+    let mut chunks: Vec<Vec<u8>> = Vec::new();
+    let mut total: u64 = 0;
+    loop {
+        let mut chunk = Vec::new();
+        let n = (&mut r)
+            .take((READ_CHUNK as u64).min(max.saturating_add(1) - total))
+            .read_to_end(&mut chunk)?;
+        total += n as u64;
+        if total > max {
+            return Err(too_big());
+        }
+        if n == 0 {
+            break;
+        }
+        chunks.push(chunk);
+    }
+    if chunks.len() == 1 {
+        return Ok(chunks.pop().unwrap_or_default());
+    }
+    let mut bytes = Vec::with_capacity(total as usize);
+    for c in chunks {
+        bytes.extend_from_slice(&c);
+    }
+    Ok(bytes)
+}
+
+/// [`read_capped`] of a file: a regular file's size is known, so one
+/// larger than `max` is refused without reading it, and a smaller one is
+/// read into one buffer of its size.
+pub fn read_file_capped(f: std::fs::File, max: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let meta = f.metadata()?;
+    if !meta.is_file() {
+        return read_capped(f, max);
+    }
+    if meta.len() > max {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {}", crate::units::format_size(max)),
+        ));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize + 1);
+    // It may have grown since: still never past the cap.
+    f.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > max {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
@@ -141,6 +193,9 @@ pub fn read_capped(r: impl std::io::Read, max: u64) -> std::io::Result<Vec<u8>> 
     }
     Ok(bytes)
 }
+
+/// The chunk [`read_capped`] reads a large stream in.
+pub const READ_CHUNK: usize = 16 << 20;
 
 /// What `path` is when it exists and is not a regular file ("a symbolic
 /// link", "a character device", ...): a rename over it would replace it.
@@ -225,6 +280,35 @@ mod tests {
         // An endless source is cut at the cap, not read to its end.
         let zero = std::fs::File::open("/dev/zero").unwrap();
         assert!(read_capped(zero, 1 << 20).is_err());
+        let zero = std::fs::File::open("/dev/zero").unwrap();
+        assert!(read_file_capped(zero, 1 << 20).is_err());
+    }
+
+    #[test]
+    fn a_capped_read_of_several_chunks_is_whole_and_exact_at_the_cap() {
+        let data: Vec<u8> = (0..2 * READ_CHUNK + 12_345)
+            .map(|i| (i % 251) as u8)
+            .collect();
+        let n = data.len() as u64;
+        assert_eq!(read_capped(&data[..], n).unwrap(), data);
+        assert_eq!(read_capped(&data[..], u64::MAX).unwrap(), data);
+        assert!(read_capped(&data[..], n - 1).is_err());
+        // A cap at a chunk's edge: exactly one chunk, and one byte more.
+        let c = READ_CHUNK as u64;
+        assert_eq!(
+            read_capped(&data[..READ_CHUNK], c).unwrap(),
+            &data[..READ_CHUNK]
+        );
+        assert!(read_capped(&data[..READ_CHUNK + 1], c).is_err());
+        // A regular file: the same, its size known before it is read.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, &data).unwrap();
+        let open = || std::fs::File::open(&path).unwrap();
+        assert_eq!(read_file_capped(open(), n).unwrap(), data);
+        let e = read_file_capped(open(), n - 1).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+        assert!(e.to_string().starts_with("larger than"), "{e}");
     }
 
     #[test]

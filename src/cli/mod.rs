@@ -96,7 +96,7 @@ pub fn read_file(path: &Path, what: &str, max: u64) -> Result<String, CliError> 
     let read = if path.as_os_str() == "-" {
         berth::frame::read_capped(std::io::stdin(), max)
     } else {
-        std::fs::File::open(path).and_then(|f| berth::frame::read_capped(f, max))
+        std::fs::File::open(path).and_then(|f| berth::frame::read_file_capped(f, max))
     };
     let bad = |e: &dyn std::fmt::Display| {
         CliError::input(format!("cannot read {what} {}: {e}", path.display()))

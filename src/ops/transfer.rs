@@ -299,7 +299,7 @@ pub const MAX_EXPORT_FILE: u64 = transfer::MAX_RAW_BYTES + (64 << 20);
 /// are bad input.
 pub fn read_export(path: &Path, name: &str) -> Result<Export, OpError> {
     let bytes = std::fs::File::open(path)
-        .and_then(|f| frame::read_capped(f, MAX_EXPORT_FILE))
+        .and_then(|f| frame::read_file_capped(f, MAX_EXPORT_FILE))
         .map_err(|e| OpError::input(format!("cannot read {name}: {e}")))?;
     transfer::decode(&bytes).map_err(|e| OpError::input(format!("{name}: {e}")))
 }

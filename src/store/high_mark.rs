@@ -94,7 +94,7 @@ pub fn decode(text: &[u8]) -> Result<Mark, String> {
 /// wrong with it.
 pub fn read(dir: &Path) -> Result<Option<Mark>, String> {
     let path = dir.join(FILE);
-    match std::fs::File::open(&path).and_then(|f| crate::frame::read_capped(f, 4096)) {
+    match std::fs::File::open(&path).and_then(|f| crate::frame::read_file_capped(f, 4096)) {
         Ok(bytes) => decode(&bytes).map(Some),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(format!("cannot read it: {e}")),
