@@ -726,6 +726,12 @@ fn a_database_older_than_its_high_water_mark_is_refused_until_the_mark_is_remove
             "its log ends at event 3 (next task id 4), but the data dir's high-water mark",
         );
         assert!(stderr(&o).contains("berth.high"), "{}", stderr(&o));
+        // One piece of advice: reopening repairs nothing here.
+        assert!(
+            !stderr(&o).contains("reopen the data dir to repair it"),
+            "{}",
+            stderr(&o)
+        );
     }
     // The refusals wrote nothing (a read opens a private copy; the
     // enqueue's open stopped before its first flush).

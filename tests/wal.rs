@@ -160,6 +160,13 @@ fn a_log_that_goes_on_after_a_gap_or_is_damaged_is_refused_and_left_as_it_is() {
     let mut bytes = original.clone();
     bytes[16 + 24 + 3] ^= 0x20;
     std::fs::write(&seg, &bytes).expect("write");
+    // Every file but the lock's holder line: sled is not even opened.
+    let files = || {
+        let mut f = common::file_hashes(&dir);
+        f.retain(|(name, _)| !name.ends_with("berth.lock"));
+        f
+    };
+    let before = files();
     let err = Store::open(&dir, options(), berth::clock::system()).expect_err("refused");
     let msg = err.to_string();
     assert!(
@@ -169,6 +176,7 @@ fn a_log_that_goes_on_after_a_gap_or_is_damaged_is_refused_and_left_as_it_is() {
         "{msg}"
     );
     assert_eq!(std::fs::read(&seg).expect("read"), bytes, "left as it was");
+    assert_eq!(files(), before, "a refused open changed the data dir");
 
     // Whole frames that begin after events sled does not have.
     let mut gap = original[..16].to_vec();

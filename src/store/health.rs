@@ -56,13 +56,28 @@ impl Failed {
     /// Marks the store failed (the first reason is kept) and leaks one
     /// handle to the tree so that sled's drop, which flushes, never runs.
     pub fn fail(&self, tree: &sled::Db, reason: impl std::fmt::Display) {
-        let mut r = self.reason.lock().unwrap_or_else(|p| p.into_inner());
-        if r.is_none() {
-            *r = Some(reason.to_string());
-            std::mem::forget(tree.clone());
-            self.flag.store(true, Ordering::SeqCst);
+        if self.stop(tree, &reason) {
             log::error!("the store stopped writing: {reason}; reopen the data dir to repair it");
         }
+    }
+
+    /// [`Failed::fail`] for an open that is refused, without the log line:
+    /// the open's error says why and what to do (reopening repairs
+    /// nothing there).
+    pub fn refuse(&self, tree: &sled::Db, reason: impl std::fmt::Display) {
+        self.stop(tree, &reason);
+    }
+
+    /// Marks the store failed; true if this was the first reason.
+    fn stop(&self, tree: &sled::Db, reason: &dyn std::fmt::Display) -> bool {
+        let mut r = self.reason.lock().unwrap_or_else(|p| p.into_inner());
+        if r.is_some() {
+            return false;
+        }
+        *r = Some(reason.to_string());
+        std::mem::forget(tree.clone());
+        self.flag.store(true, Ordering::SeqCst);
+        true
     }
 
     pub fn is_failed(&self) -> bool {

@@ -7,8 +7,11 @@
 //! 2. [`lock_dir`]: the `flock` on `DIR/berth.lock`; a command waits for
 //!    another command, a daemon waits for commands (and tells them so), and
 //!    nobody waits for a daemon.
-//! 3. [`open_sled`]: leftovers of an interrupted snapshot removed, a lost or
-//!    damaged database refused with an error that says what to do.
+//! 3. [`read_wal`]: the write-ahead log read, and refused if damaged
+//!    before its end, before sled opens (sled writes when it opens, and a
+//!    refused open leaves the data dir as it was); then [`open_sled`]:
+//!    leftovers of an interrupted snapshot removed, a lost or damaged
+//!    database refused with an error that says what to do.
 //! 4. [`check_format`]: `mformat`, or a new store (format, mark, marker);
 //!    an older format's counters moved to their tree ([`move_counters`]).
 //! 5. [`replay_wal`]: the commits the write-ahead log holds and sled lost
@@ -404,7 +407,7 @@ fn check_high_mark(
     mark: Result<Option<Mark>, String>,
 ) -> Result<Option<Mark>, OpenError> {
     let refused = |detail: String| {
-        o.failed.fail(o.tree, &detail);
+        o.failed.refuse(o.tree, &detail);
         OpenError::Damaged {
             dir: o.dir.to_path_buf(),
             detail,
@@ -436,25 +439,25 @@ fn check_high_mark(
 /// acknowledged are missing and the dir is refused. A frame cut short at
 /// the log's end (a commit never acknowledged) is logged; damage before the
 /// end refuses the dir, saying where.
-fn replay_wal(o: &Opening<'_>, db: &Path) -> Result<usize, OpenError> {
-    let found = wal::read(db).map_err(|e| o.io("reading the write-ahead log (db/wal)", e))?;
-    if let Some(why) = &found.torn {
-        log::info!(
-            "{}: the write-ahead log ends with a write cut short, a commit that was never \
-             acknowledged: {why}",
-            o.dir.display()
-        );
-    }
-    if let Some(why) = found.damage {
-        // Acknowledged commits may be in or after it: refused, not guessed.
+/// Step 3's first half, before sled opens (which writes: a refused open
+/// must leave the data dir as it was): reads the write-ahead log and
+/// refuses one damaged before its end. Acknowledged commits may be in or
+/// after the damage: refused, not guessed.
+fn read_wal(dir: &Path, db: &Path) -> Result<wal::Replay, OpenError> {
+    let found = wal::read(db).map_err(|source| OpenError::Io {
+        dir: dir.to_path_buf(),
+        op: "reading the write-ahead log (db/wal)",
+        source,
+    })?;
+    if let Some(why) = &found.damage {
         // To read, `db` is a private copy: the message names the data dir's.
-        let shown = o.dir.join(files::DB).join(wal::DIR);
+        let shown = dir.join(files::DB).join(wal::DIR);
         let why = why.replace(
             &db.join(wal::DIR).display().to_string(),
             &shown.display().to_string(),
         );
         return Err(OpenError::Damaged {
-            dir: o.dir.to_path_buf(),
+            dir: dir.to_path_buf(),
             detail: format!(
                 "its write-ahead log is damaged before its end: {why}; the commits from there \
                  on cannot be trusted (to open without them, move that segment and the ones \
@@ -462,6 +465,17 @@ fn replay_wal(o: &Opening<'_>, db: &Path) -> Result<usize, OpenError> {
                 shown.display()
             ),
         });
+    }
+    Ok(found)
+}
+
+fn replay_wal(o: &Opening<'_>, found: &wal::Replay) -> Result<usize, OpenError> {
+    if let Some(why) = &found.torn {
+        log::info!(
+            "{}: the write-ahead log ends with a write cut short, a commit that was never \
+             acknowledged: {why}",
+            o.dir.display()
+        );
     }
     let last = records::last_seq(o.tree).map_err(|e| o.db(e))?;
     let todo: Vec<&wal::Frame> = found
@@ -940,6 +954,7 @@ impl Store {
             false => None,
         };
         let db = copy.as_ref().map_or(dir, |c| c.path()).join(files::DB);
+        let wal_found = read_wal(dir, &db)?;
         let trees = open_sled(dir, &db, &opts)?;
         let failed = Arc::new(Failed::default());
         // sled panics on some damaged pages only when they are read: every
@@ -961,7 +976,7 @@ impl Store {
                 move_counters(&o)?;
             }
             let mut corrupt = Vec::new();
-            replay_wal(&o, &db)?;
+            replay_wal(&o, &wal_found)?;
             let replayed = reapply(&o, format, &mut corrupt)?;
             let mut mark = check_high_mark(&o, &replayed, mark)?;
             // To read, in the private copy: the data dir stays as it is.
