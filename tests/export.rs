@@ -589,7 +589,12 @@ fn through_daemons_a_running_task_comes_back_queued_and_everything_runs() {
         let o = berth_cfg(&cfg_b, &["task", "list", "--status", "live", "-o", "json"]);
         stdout(&o).trim() == "[]"
     });
-    drop(db);
+    // Stopped, not killed: the daemon shows a step's outcome before its
+    // flush, so a kill could lose the last one (to be run again).
+    let mut db = db;
+    db.signal(libc::SIGTERM);
+    let (status, _) = db.wait_exit(Duration::from_secs(60));
+    assert!(status.success(), "{status:?}");
     let sb = state(&b);
     let held = sb.tasks.values().find(|t| t.name == "held").expect("held");
     assert_eq!(held.status, Status::Succeeded);
