@@ -635,6 +635,7 @@ fn a_repeating_head_shows_repeat_head_task_until_a_worker_takes_it() {
         budget: s.store.budget(),
         tx: &tx,
         commits: &commits,
+        clock: s.store.clock(),
     };
     let id = berth::submit::enqueue_one(&s.store, spec("q", "r"), Placement::Last).unwrap();
     let mut sched = Scheduler::new();
@@ -651,6 +652,7 @@ fn a_repeating_head_shows_repeat_head_task_until_a_worker_takes_it() {
         id,
         queue: "q".into(),
         outcome: Outcome::new(RunResult::Repeat),
+        began_at: Some(T0),
         duration_ms: 1,
         output: Default::default(),
     };
@@ -934,6 +936,58 @@ fn a_cancel_ends_a_task_no_worker_has_taken_without_waiting_for_one() {
     assert_eq!(
         s.store.task(block).unwrap().unwrap().status,
         Status::Succeeded
+    );
+    assert_log_agrees(&s.store);
+}
+
+/// An attempt starts when a worker takes it: two tasks started in one step
+/// with one worker, each handler taking 5 s (of the fake clock), are logged
+/// as starting 5 s apart, the second's wait for the worker not counted as
+/// its run.
+#[test]
+fn an_attempt_waiting_for_a_worker_is_logged_from_when_its_handler_began() {
+    let s = setup(FakeClock::new(T0));
+    let mut h = Handlers::new();
+    let clock = s.clock.clone();
+    h.register("Slow", move |_: &TaskContext| {
+        clock.advance_ms(5_000);
+        Outcome::success()
+    });
+    let cfg = EngineConfig {
+        workers: 1,
+        ..EngineConfig::default()
+    };
+    let e = engine(&s, h, cfg);
+    let ids: Vec<u64> = ["a", "b"]
+        .iter()
+        .map(|q| {
+            e.enqueue(
+                TaskSpec {
+                    kind: "Slow".into(),
+                    ..spec(q, "slow")
+                },
+                Placement::Last,
+            )
+            .unwrap()
+        })
+        .collect();
+    let sum = e.run_until_idle().unwrap();
+    assert_eq!(sum.tally.succeeded, 2);
+    let mut logs: Vec<_> = ids
+        .iter()
+        .map(|id| {
+            let t = s.store.task(*id).unwrap().unwrap();
+            assert_eq!(t.started_at, Some(T0), "both started in the first step");
+            let l = s.store.attempts(*id).unwrap();
+            assert_eq!(l.len(), 1);
+            (l[0].started_at, l[0].ended_at)
+        })
+        .collect();
+    logs.sort();
+    assert_eq!(logs[0].0, T0, "{logs:?}");
+    assert!(
+        logs[1].0 >= T0 + 5_000,
+        "the second began after the first's 5 s: {logs:?}"
     );
     assert_log_agrees(&s.store);
 }

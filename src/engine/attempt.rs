@@ -30,6 +30,7 @@ pub(super) fn job(
     let handlers = env.handlers.clone();
     let tx = env.tx.clone();
     let commits = env.commits.clone();
+    let clock = env.clock.clone();
     let budget = *env.budget;
     let node = env.config.node.clone();
     Box::new(move || {
@@ -42,10 +43,14 @@ pub(super) fn job(
         }
         let started = Instant::now();
         let (id, queue) = (task.id, task.queue.clone());
-        let outcome = if live.cancel_requested() {
-            Outcome::fail(NOT_STARTED)
+        let (outcome, began_at) = if live.cancel_requested() {
+            (Outcome::fail(NOT_STARTED), None)
         } else {
-            run(&handlers, &budget, node, task, live.clone())
+            let began = clock.now_ms();
+            (
+                run(&handlers, &budget, node, task, live.clone()),
+                Some(began),
+            )
         };
         // The step that records it will commit soon (announced when the job
         // was launched): a flush about to begin waits for it, and carries
@@ -55,6 +60,7 @@ pub(super) fn job(
             id,
             queue,
             outcome,
+            began_at,
             duration_ms: started.elapsed().as_millis() as u64,
             output: Box::new(live.captured()),
         }));

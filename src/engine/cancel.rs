@@ -132,6 +132,7 @@ impl Scheduler {
                 id,
                 queue,
                 outcome: Outcome::fail(NOT_STARTED),
+                began_at: None,
                 duration_ms: 0,
                 output: Box::default(),
             },

@@ -34,7 +34,7 @@ impl Scheduler {
             return Ok(());
         }
         let task = w.task(c.id)?.clone();
-        let log_of = |outcome| attempt_log(&task, now, outcome, &c.output, env.budget);
+        let log_of = |outcome| attempt_log(&task, now, c.began_at, outcome, &c.output, env.budget);
         if cancelled {
             log::info!(
                 target: LOG_TARGET,
@@ -254,16 +254,22 @@ fn follow_up_placement(task: &Task, t: &Task, at: FollowUpAt) -> Placement {
 }
 
 /// An attempt's log, from the task as it was when the attempt ended.
+/// An attempt's log. It started when its handler began (`began_at`: a
+/// worker took it, which may be later than the task's start when every
+/// worker was busy), or, if it never ran, when it ended; never before the
+/// task's start or after now.
 fn attempt_log(
     task: &Task,
     now: u64,
+    began_at: Option<u64>,
     outcome: AttemptOutcome,
     out: &Captured,
     budget: &Budget,
 ) -> AttemptLog {
+    let start = task.started_at.unwrap_or(now).min(now);
     AttemptLog {
         attempt: task.attempts,
-        started_at: task.started_at.unwrap_or(now),
+        started_at: began_at.unwrap_or(now).clamp(start, now),
         ended_at: now,
         outcome,
         exit_code: out.exit_code,

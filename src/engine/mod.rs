@@ -408,6 +408,7 @@ impl Engine {
             budget: self.store.budget(),
             tx: &self.tx,
             commits: &self.commits,
+            clock: self.store.clock(),
         }
     }
 

@@ -51,6 +51,9 @@ pub struct Completion {
     pub id: u64,
     pub queue: String,
     pub outcome: Outcome,
+    /// When its handler began, on the store's clock (a worker took the
+    /// job); None if it never ran (cancelled first).
+    pub began_at: Option<u64>,
     pub duration_ms: u64,
     /// What the attempt printed, and how its last process ended.
     pub output: Box<Captured>,
@@ -173,6 +176,8 @@ pub struct StepEnv<'a> {
     /// by the worker as the job ends), so that a flush about to begin waits
     /// for the step that records it (`GroupCommit::coming`).
     pub commits: &'a Arc<crate::store::durability::GroupCommit>,
+    /// The store's clock: a worker reads it when it takes a job.
+    pub clock: &'a crate::clock::SharedClock,
 }
 
 impl Scheduler {

@@ -27,8 +27,11 @@ pub const TAIL_KEEP: usize = 64 * 1024;
 pub struct AttemptLog {
     /// 1 for the first attempt (`BERTH_ATTEMPT`, the task's `attempts`).
     pub attempt: u32,
-    /// Milliseconds since the epoch: when the attempt started (its
-    /// `started` event).
+    /// Milliseconds since the epoch: when the attempt's handler began (a
+    /// worker took it: its `started` event, or later when every worker was
+    /// busy); for an attempt that never ran (cancelled before a worker
+    /// took it), when it ended; for an interrupted one, its `started`
+    /// event.
     pub started_at: u64,
     /// When its outcome was recorded (for an interrupted attempt: when
     /// recovery found it).
