@@ -60,9 +60,9 @@ struct RawRetention {
     history: Option<Spanned<String>>,
     history_max: Option<Spanned<usize>>,
     log_age: Option<Spanned<String>>,
-    log_size: Option<Spanned<String>>,
+    log_size: Option<Spanned<RawSize>>,
     archive_age: Option<Spanned<String>>,
-    archive_size: Option<Spanned<String>>,
+    archive_size: Option<Spanned<RawSize>>,
     every: Option<Spanned<String>>,
 }
 
@@ -85,15 +85,15 @@ struct RawRetry {
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields, expecting = "a [budget] table")]
 struct RawBudget {
-    compress_over: Option<Spanned<String>>,
-    max_object: Option<Spanned<String>>,
-    max_decompressed: Option<Spanned<String>>,
+    compress_over: Option<Spanned<RawSize>>,
+    max_object: Option<Spanned<RawSize>>,
+    max_decompressed: Option<Spanned<RawSize>>,
 }
 
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields, expecting = "a [disk] table")]
 struct RawDisk {
-    reserve: Option<Spanned<String>>,
+    reserve: Option<Spanned<RawSize>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -105,7 +105,82 @@ struct RawHandler {
     timeout: Option<Spanned<String>>,
     cwd: Option<Spanned<String>>,
     #[serde(default)]
-    env: BTreeMap<String, String>,
+    env: BTreeMap<String, Spanned<String>>,
+}
+
+/// A size as the config writes it: text (`"64MiB"`, `"4096"`) or a TOML
+/// integer, a number of bytes.
+#[derive(Debug)]
+enum RawSize {
+    Text(String),
+    Bytes(u64),
+}
+
+impl<'de> Deserialize<'de> for RawSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = RawSize;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a size: a number of bytes, or text such as \"64MiB\"")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RawSize, E> {
+                Ok(RawSize::Text(v.to_string()))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<RawSize, E> {
+                Ok(RawSize::Bytes(v))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<RawSize, E> {
+                u64::try_from(v)
+                    .map(RawSize::Bytes)
+                    .map_err(|_| E::invalid_value(serde::de::Unexpected::Signed(v), &self))
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
+impl RawSize {
+    /// The number of bytes, checked as a size string is (`units::parse_size`).
+    fn bytes(&self) -> Result<u64, String> {
+        match self {
+            RawSize::Text(t) => parse_size(t),
+            RawSize::Bytes(n) if *n > u64::MAX / 2 => Err(format!("{n} is too large")),
+            RawSize::Bytes(n) => Ok(*n),
+        }
+    }
+}
+
+/// Why `name = value` cannot go into a process's environment, if it cannot:
+/// an empty name, or one with `=` or a NUL byte; a value with a NUL byte.
+fn env_problem(name: &str, value: &str) -> Option<String> {
+    if name.is_empty() {
+        Some("an environment variable's name must not be empty".into())
+    } else if name.contains('=') {
+        Some(format!(
+            "the environment variable name {name:?} contains '=', which a name cannot hold"
+        ))
+    } else if name.contains('\0') {
+        Some(format!(
+            "the environment variable name {name:?} contains a NUL byte"
+        ))
+    } else if value.contains('\0') {
+        Some(format!(
+            "the value of {name} contains a NUL byte, which an environment cannot hold"
+        ))
+    } else {
+        None
+    }
+}
+
+/// Why `path` is not a folder to use, if it is not: it does not exist,
+/// or it is something else.
+fn not_a_folder(path: &Path) -> Option<String> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => None,
+        Ok(_) => Some(format!("{} is not a folder", path.display())),
+        Err(_) => Some(format!("the folder {} does not exist", path.display())),
+    }
 }
 
 /// A loaded, checked config.
@@ -253,14 +328,16 @@ impl Ctx<'_> {
 
     fn size(
         &self,
-        v: &Option<Spanned<String>>,
+        v: &Option<Spanned<RawSize>>,
         key: &str,
         default: usize,
     ) -> Result<usize, ConfigError> {
         match v {
             None => Ok(default),
-            Some(s) => parse_size(s.get_ref())
-                .map(|n| n as usize)
+            Some(s) => s
+                .get_ref()
+                .bytes()
+                .and_then(|n| usize::try_from(n).map_err(|_| format!("{n} is too large")))
                 .map_err(|e| self.err(Some(s.span()), key, e)),
         }
     }
@@ -288,7 +365,7 @@ fn key_of(path: &serde_path_to_error::Path) -> Option<String> {
     (!key.is_empty()).then_some(key)
 }
 
-fn spanned(v: &Option<Spanned<String>>) -> Option<std::ops::Range<usize>> {
+fn spanned<T>(v: &Option<Spanned<T>>) -> Option<std::ops::Range<usize>> {
     v.as_ref().map(|s| s.span())
 }
 
@@ -430,13 +507,23 @@ impl Ctx<'_> {
             .map(|s| (s.get_ref().as_str(), s.span()))
         {
             None | Some(("sync", _)) => Ok(Durability::Sync),
-            Some(("batched", _)) => Ok(Durability::Batched {
-                interval: self.positive_duration(
+            Some(("batched", _)) => {
+                let interval = self.positive_duration(
                     &raw.flush_interval,
                     "flush_interval",
                     Duration::from_millis(100),
-                )?,
-            }),
+                )?;
+                // The flusher sleeps this long between flushes: less would
+                // keep a core busy flushing.
+                if interval < Duration::from_millis(1) {
+                    return Err(self.err(
+                        spanned(&raw.flush_interval),
+                        "flush_interval",
+                        "must be at least 1ms",
+                    ));
+                }
+                Ok(Durability::Batched { interval })
+            }
             Some((other, span)) => Err(self.err(
                 Some(span),
                 "durability",
@@ -532,12 +619,10 @@ impl Ctx<'_> {
             Some(t) => {
                 let path = resolve(base, t.get_ref());
                 let dir = path.parent().unwrap_or(base);
-                if self.on_this_machine && !dir.is_dir() {
-                    return Err(self.err(
-                        Some(t.span()),
-                        "metrics.textfile",
-                        format!("the folder {} does not exist", dir.display()),
-                    ));
+                if self.on_this_machine
+                    && let Some(why) = not_a_folder(dir)
+                {
+                    return Err(self.err(Some(t.span()), "metrics.textfile", why));
                 }
                 Some(path)
             }
@@ -548,7 +633,7 @@ impl Ctx<'_> {
     /// `[retention]`: durations and sizes more than zero; `every` at least 1s.
     fn retention(&self, r: &RawRetention) -> Result<Retention, ConfigError> {
         let d = Retention::default();
-        let size = |v: &Option<Spanned<String>>, key: &str, default: u64| {
+        let size = |v: &Option<Spanned<RawSize>>, key: &str, default: u64| {
             let n = self.size(v, key, default as usize)? as u64;
             if n == 0 {
                 return Err(self.err(spanned(v), key, "must be more than 0"));
@@ -648,12 +733,10 @@ impl Ctx<'_> {
                 ),
             ));
         }
-        if self.on_this_machine && !folder.is_dir() {
-            return Err(self.err(
-                Some(path.span()),
-                "backup.path",
-                format!("the folder {} does not exist", folder.display()),
-            ));
+        if self.on_this_machine
+            && let Some(why) = not_a_folder(&folder)
+        {
+            return Err(self.err(Some(path.span()), "backup.path", why));
         }
         Ok(Some(BackupConfig {
             every: d,
@@ -688,13 +771,32 @@ impl Ctx<'_> {
                 Duration::from_secs(600),
             )?;
             let cwd = resolve(base, hr.cwd.as_ref().map_or(".", |c| c.get_ref().as_str()));
-            if self.on_this_machine && !cwd.is_dir() {
+            if self.on_this_machine
+                && let Some(why) = not_a_folder(&cwd)
+            {
                 return Err(self.err(
                     hr.cwd.as_ref().map(|c| c.span()).or(Some(h.span())),
                     &format!("{key}.cwd"),
-                    format!("the folder {} does not exist", cwd.display()),
+                    why,
                 ));
             }
+            // What a process's environment cannot hold would fail every
+            // attempt; refuse it here.
+            for (name, value) in &hr.env {
+                if let Some(why) = env_problem(name, value.get_ref()) {
+                    // A name a key path can show names the key.
+                    let at = match name.is_empty() || name.contains(['=', '\0']) {
+                        true => format!("{key}.env"),
+                        false => format!("{key}.env.{name}"),
+                    };
+                    return Err(self.err(Some(value.span()), &at, why));
+                }
+            }
+            let env: BTreeMap<String, String> = hr
+                .env
+                .iter()
+                .map(|(k, v)| (k.clone(), v.get_ref().clone()))
+                .collect();
             let mk = |argv: &Spanned<Vec<String>>,
                       name: &str|
              -> Result<CommandSpec, ConfigError> {
@@ -711,7 +813,7 @@ impl Ctx<'_> {
                 Ok(CommandSpec {
                     argv: resolved,
                     cwd: cwd.clone(),
-                    env: hr.env.clone(),
+                    env: env.clone(),
                     timeout,
                 })
             };
@@ -909,8 +1011,98 @@ env = { HELM_NAMESPACE = "d8" }
             "2: key handlers.X: invalid type: string \"run.sh\", expected a [handlers.KIND] table",
         );
         assert_error(
-            "[budget]\nmax_object = 1024\n",
-            "2: key budget.max_object: invalid type: integer `1024`, expected a string",
+            "[budget]\nmax_object = -1\n",
+            "2: key budget.max_object: invalid value: integer `-1`, expected a size: a number \
+             of bytes, or text such as \"64MiB\"",
+        );
+        assert_error(
+            "[budget]\nmax_object = 1.5\n",
+            "2: key budget.max_object: invalid type: floating point `1.5`, expected a size",
+        );
+    }
+
+    const HANDLER: &str = "[handlers.X]\ncommand = [\"a\"]\n";
+
+    #[test]
+    fn sizes_may_be_integers_of_bytes_and_must_be_whole_bytes() {
+        let c = parse(&format!(
+            "[budget]\nmax_object = 1000\ncompress_over = 0\nmax_decompressed = 4096\n\
+             [disk]\nreserve = 0\n[retention]\nlog_size = 65536\narchive_size = \"1.5KiB\"\n\
+             {HANDLER}"
+        ))
+        .unwrap();
+        assert_eq!(c.budget.max_object, 1000);
+        assert_eq!(c.budget.compress_over, 0);
+        assert_eq!(c.budget.max_decompressed, 4096);
+        assert_eq!(c.disk_reserve, 0);
+        assert_eq!(c.retention.log_size, 65536);
+        assert_eq!(c.retention.archive_size, 1536);
+        // The same range checks as for text.
+        assert_error(
+            &format!("[budget]\nmax_object = 0\n{HANDLER}"),
+            "2: key budget.max_object: max_object must be between",
+        );
+        assert_error(
+            &format!("[retention]\nlog_size = 0\n{HANDLER}"),
+            "2: key retention.log_size: must be more than 0",
+        );
+        // Not a whole number of bytes: refused, not rounded.
+        assert_error(
+            &format!("[budget]\nmax_object = \"0.5\"\n{HANDLER}"),
+            "2: key budget.max_object: '0.5' is not a whole number of bytes",
+        );
+        assert_error(
+            &format!("\n[disk]\nreserve = \"1.1MiB\"\n{HANDLER}"),
+            "3: key disk.reserve: '1.1MiB' is not a whole number of bytes",
+        );
+    }
+
+    #[test]
+    fn a_handler_env_that_no_process_can_take_is_refused() {
+        for (env, expected) in [
+            (
+                "{ Z = \"x\\u0000y\" }",
+                "3: key handlers.X.env.Z: the value of Z contains a NUL byte",
+            ),
+            (
+                "{ \"A=B\" = \"x\" }",
+                "3: key handlers.X.env: the environment variable name \"A=B\" contains '='",
+            ),
+            (
+                "{ \"\" = \"y\" }",
+                "3: key handlers.X.env: an environment variable's name must not be empty",
+            ),
+            (
+                "{ \"A\\u0000\" = \"y\" }",
+                "3: key handlers.X.env: the environment variable name \"A\\0\" contains a NUL",
+            ),
+        ] {
+            assert_error(&format!("{HANDLER}env = {env}\n"), expected);
+        }
+        let c = parse(&format!("{HANDLER}env = {{ A = \"\", B_2 = \"x=y\" }}\n")).unwrap();
+        assert_eq!(c.handlers["X"].run.env["A"], "");
+        assert_eq!(c.handlers["X"].run.env["B_2"], "x=y");
+    }
+
+    #[test]
+    fn a_flush_interval_under_a_millisecond_is_refused() {
+        assert_error(
+            &format!("durability = \"batched\"\nflush_interval = \"1ns\"\n{HANDLER}"),
+            "2: key flush_interval: must be at least 1ms",
+        );
+        assert_error(
+            &format!("durability = \"batched\"\nflush_interval = \"999us\"\n{HANDLER}"),
+            "2: key flush_interval: must be at least 1ms",
+        );
+        let c = parse(&format!(
+            "durability = \"batched\"\nflush_interval = \"1ms\"\n{HANDLER}"
+        ))
+        .unwrap();
+        assert_eq!(
+            c.durability,
+            Durability::Batched {
+                interval: Duration::from_millis(1)
+            }
         );
     }
 

@@ -15,7 +15,9 @@ const UNITS: [(&str, u64); 9] = [
     ("m", 1 << 20),
 ];
 
-/// Parses a byte size such as `100KiB`, `1.5 MiB`, `2MB` or `4096`.
+/// Parses a byte size such as `100KiB`, `1.5 MiB`, `2MB` or `4096`. The
+/// value must come to a whole number of bytes (`1.5MiB` does, `0.5` and
+/// `1.1MiB` do not): the decimals are counted exactly, not as a float.
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let t = text.trim();
     let split = t
@@ -23,14 +25,11 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let unit = unit.trim().to_ascii_lowercase();
-    // A whole number exactly: an f64 holds integers only up to 2^53.
-    let whole = num.parse::<u64>().ok();
-    let value: f64 = match whole {
-        Some(n) => n as f64,
-        None => num
-            .parse()
-            .map_err(|_| format!("'{text}' is not a size (expected e.g. 100KiB, 1.5MiB, 4096)"))?,
-    };
+    let not_a_size = || format!("'{text}' is not a size (expected e.g. 100KiB, 1.5MiB, 4096)");
+    let (whole, frac) = num.split_once('.').unwrap_or((num, ""));
+    if (whole.is_empty() && frac.is_empty()) || frac.contains('.') {
+        return Err(not_a_size());
+    }
     let mult = if unit.is_empty() {
         1
     } else {
@@ -43,18 +42,45 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
             })?
     };
     let too_large = || format!("'{text}' is too large");
-    if let Some(n) = whole {
-        return n
-            .checked_mul(mult)
-            .filter(|b| *b <= u64::MAX / 2)
-            .ok_or_else(too_large);
-    }
-    let bytes = value * mult as f64;
-    // Below 2^63, so that the rounded value is at most u64::MAX / 2.
-    if !bytes.is_finite() || bytes >= (1u64 << 63) as f64 {
-        return Err(too_large());
-    }
-    Ok(bytes.round() as u64)
+    let digits = |d: &str| -> Result<u128, String> {
+        match d.is_empty() {
+            true => Ok(0),
+            // Only ASCII digits are left: a failure is an overflow.
+            false => d.parse::<u128>().map_err(|_| too_large()),
+        }
+    };
+    let whole_bytes = digits(whole)?
+        .checked_mul(u128::from(mult))
+        .ok_or_else(too_large)?;
+    // The decimals, exactly: `frac / 10^len` of the unit.
+    let frac = frac.trim_end_matches('0');
+    let frac_bytes = if frac.is_empty() {
+        0
+    } else {
+        let not_whole = || {
+            format!(
+                "'{text}' is not a whole number of bytes (write the size in bytes, or in a \
+                 smaller unit)"
+            )
+        };
+        let scale = u32::try_from(frac.len())
+            .ok()
+            .and_then(|n| 10u128.checked_pow(n))
+            .ok_or_else(not_whole)?;
+        let scaled = digits(frac)
+            .ok()
+            .and_then(|f| f.checked_mul(u128::from(mult)))
+            .ok_or_else(not_whole)?;
+        if scaled % scale != 0 {
+            return Err(not_whole());
+        }
+        scaled / scale
+    };
+    whole_bytes
+        .checked_add(frac_bytes)
+        .and_then(|b| u64::try_from(b).ok())
+        .filter(|b| *b <= u64::MAX / 2)
+        .ok_or_else(too_large)
 }
 
 /// Formats a byte count the way berth's messages show it: `512 B`, `100 KiB`, `3.1 MiB`.
@@ -193,12 +219,36 @@ mod tests {
         assert_eq!(parse_size("64 MiB").unwrap(), 64 << 20);
         assert_eq!(parse_size("4096").unwrap(), 4096);
         assert_eq!(parse_size("2MB").unwrap(), 2_000_000);
+        assert_eq!(parse_size("1.1KB").unwrap(), 1_100);
+        assert_eq!(parse_size(".5KiB").unwrap(), 512);
+        assert_eq!(parse_size("2.50KiB").unwrap(), 2_560);
+        assert_eq!(parse_size("1.0").unwrap(), 1);
+        assert!(parse_size("1.2.3").unwrap_err().contains("not a size"));
+        assert!(parse_size(".").unwrap_err().contains("not a size"));
+        assert!(
+            parse_size("99999999999GiB")
+                .unwrap_err()
+                .contains("too large")
+        );
         assert!(parse_size("lots").unwrap_err().contains("not a size"));
         assert!(
             parse_size("3 parsecs")
                 .unwrap_err()
                 .contains("unknown unit")
         );
+    }
+
+    #[test]
+    fn a_size_that_is_not_a_whole_number_of_bytes_is_refused() {
+        for text in [
+            "0.5",
+            "1.1MiB",
+            "0.1KiB",
+            "1.0000000000000000000000000000000000001KB",
+        ] {
+            let e = parse_size(text).unwrap_err();
+            assert!(e.contains("is not a whole number of bytes"), "{text}: {e}");
+        }
     }
 
     #[test]

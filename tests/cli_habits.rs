@@ -349,6 +349,26 @@ fn a_config_that_cannot_work_is_refused_with_its_file_line_and_key() {
             ":2: key flush_interval: must be more than 0",
         ),
         (
+            "durability = \"batched\"\nflush_interval = \"1ns\"\n[handlers.K]\ncommand = [\"true\"]\n",
+            ":2: key flush_interval: must be at least 1ms",
+        ),
+        (
+            "[handlers.K]\ncommand = [\"true\"]\nenv = { Z = \"x\\u0000y\" }\n",
+            ":3: key handlers.K.env.Z: the value of Z contains a NUL byte",
+        ),
+        (
+            "[handlers.K]\ncommand = [\"true\"]\nenv = { \"A=B\" = \"x\", \"\" = \"y\" }\n",
+            ":3: key handlers.K.env: ",
+        ),
+        (
+            "[handlers.K]\ncommand = [\"true\"]\ncwd = \"/etc/passwd\"\n",
+            ":3: key handlers.K.cwd: /etc/passwd is not a folder",
+        ),
+        (
+            "[budget]\nmax_object = \"0.5\"\n[handlers.K]\ncommand = [\"true\"]\n",
+            ":2: key budget.max_object: '0.5' is not a whole number of bytes",
+        ),
+        (
             "node = \"edge-1\"\n",
             ": key handlers: no [handlers.KIND] table",
         ),
