@@ -19,18 +19,23 @@ use std::time::Duration;
 
 use crate::task::{Status, Task};
 
-/// Parses a TTL (`10m`, `30s`, `1h 30m`): a duration of at least 1 ms and
-/// at most 100 years.
+/// Parses a TTL (`10m`, `30s`, `1h 30m`): a whole number of milliseconds,
+/// at least 1 ms and at most 100 years.
 pub fn parse(text: &str) -> Result<Duration, String> {
     let d = crate::units::parse_duration(text)?;
     check(d)?;
     Ok(d)
 }
 
-/// Checks a TTL: at least 1 ms, at most [`crate::units::MAX_DURATION`].
+/// Checks a TTL: at least 1 ms, at most [`crate::units::MAX_DURATION`],
+/// and a whole number of milliseconds (it is stored as one: `1500us`
+/// would be cut to 1 ms).
 pub fn check(d: Duration) -> Result<(), String> {
     if d.as_millis() == 0 {
         return Err("must be at least 1ms (a task without a TTL has no `ttl`)".into());
+    }
+    if !d.subsec_nanos().is_multiple_of(1_000_000) {
+        return Err("must be a whole number of milliseconds (a TTL is kept in ms)".into());
     }
     if d > crate::units::MAX_DURATION {
         return Err("is longer than 100 years, the longest duration berth takes".into());
@@ -122,6 +127,16 @@ mod tests {
         assert!(parse("0s").unwrap_err().contains("at least 1ms"));
         assert!(parse("soon").unwrap_err().contains("not a duration"));
         assert!(parse("200y").unwrap_err().contains("100 years"));
+        assert_eq!(parse("1500ms").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse("1000us").unwrap(), Duration::from_millis(1));
+        for cut in ["1500us", "1ms 1ns", "2500000ns"] {
+            assert!(
+                parse(cut)
+                    .unwrap_err()
+                    .contains("whole number of milliseconds"),
+                "{cut}"
+            );
+        }
     }
 
     #[test]

@@ -574,7 +574,7 @@ fn a_ttl_survives_a_kill_and_the_restart_expires_the_task_on_time() {
 fn bad_ttls_are_refused_naming_the_flag_or_entry_and_field() {
     let root = tempdir();
     let dir = root.path().join("data");
-    for bad in ["soon", "0s", "-5m", "200y"] {
+    for bad in ["soon", "0s", "-5m", "200y", "1500us"] {
         let flag = format!("--ttl={bad}");
         let o = berth(
             &dir,
@@ -585,10 +585,29 @@ fn bad_ttls_are_refused_naming_the_flag_or_entry_and_field() {
         assert_eq!(o.status.code(), Some(2), "--ttl {bad}: {}", stderr(&o));
         assert!(stderr(&o).contains("--ttl"), "{}", stderr(&o));
     }
+    // What would be cut to whole milliseconds is refused, not truncated.
+    let o = berth(
+        &dir,
+        &[
+            "enqueue", "--queue", "main", "--kind", "K", "--name", "n", "--ttl", "1500us",
+        ],
+    );
+    assert!(
+        stderr(&o).contains(
+            "invalid value '1500us' for '--ttl <TTL>': '1500us' must be a whole number of \
+             milliseconds"
+        ),
+        "{}",
+        stderr(&o)
+    );
     let batch = root.path().join("b.json");
     for (bad, says) in [
         ("\"soon\"", "not a duration"),
         ("\"0ms\"", "at least 1ms"),
+        (
+            "\"1500us\"",
+            "'1500us': must be a whole number of milliseconds",
+        ),
         ("600", "invalid type"),
     ] {
         std::fs::write(
