@@ -139,14 +139,27 @@ fn enqueue(s: &Session, a: EnqueueArgs) -> Result<(), CliError> {
         };
         return Err(CliError::input(format!("--{flag}: {reason}")));
     }
-    Ctx::direct(None, s.kinds().as_deref()).check_kinds(std::slice::from_ref(&spec), false)?;
+    let kinds = s.kinds();
+    if let Some(why) = Ctx::direct(None, kinds.as_deref()).no_handler(&spec.kind) {
+        return Err(CliError::input(format!("--kind: {why}")));
+    }
     let req = Request::Enqueue {
         spec: Box::new(spec),
         first: a.first,
         after: a.after,
         before: a.before,
     };
-    print_ids(&ids_of(&s.run(req)?))
+    // A daemon (which knows its handlers when this command has no config)
+    // names the spec's field; here it is the flag.
+    let ids = s
+        .run(req)
+        .map_err(|e| match e.message.strip_prefix(berth::ops::KIND_FIELD) {
+            Some(why) if e.class == berth::ops::Class::Input => {
+                OpError::input(format!("--kind: {why}"))
+            }
+            _ => e,
+        })?;
+    print_ids(&ids_of(&ids))
 }
 
 /// The `enqueue` flag that gives a spec's field.

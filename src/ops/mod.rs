@@ -191,22 +191,29 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    /// Refuses specs whose kind cannot run here (a batch names its entry).
+    /// Why a task of `kind` cannot run here, if it cannot: the kinds are
+    /// known and none of them is it.
+    pub fn no_handler(&self, kind: &str) -> Option<String> {
+        let kinds = self.kinds?;
+        (!kinds.iter().any(|k| k == kind)).then(|| {
+            format!(
+                "no handler for kind '{kind}' here (the kinds with a handler: {})",
+                kinds.join(", ")
+            )
+        })
+    }
+
+    /// Refuses specs whose kind cannot run here, naming the field `kind`
+    /// (a batch also names its entry). The command line names its flag
+    /// instead: [`KIND_FIELD`] is what it replaces.
     pub fn check_kinds(&self, specs: &[TaskSpec], batch: bool) -> Result<(), OpError> {
-        let Some(kinds) = self.kinds else {
-            return Ok(());
-        };
         for (i, spec) in specs.iter().enumerate() {
-            if !kinds.contains(&spec.kind) {
+            if let Some(why) = self.no_handler(&spec.kind) {
                 let entry = match batch {
                     false => String::new(),
                     true => format!("{}, ", crate::submit::Entry::at(i, specs.len())),
                 };
-                return Err(OpError::input(format!(
-                    "{entry}field kind: no handler for kind '{}' here (the kinds with a handler: {})",
-                    spec.kind,
-                    kinds.join(", ")
-                )));
+                return Err(OpError::input(format!("{entry}{KIND_FIELD}{why}")));
             }
         }
         Ok(())
@@ -219,6 +226,9 @@ impl<'a> Ctx<'a> {
         }
     }
 }
+
+/// How [`Ctx::check_kinds`] names a spec's kind in its error.
+pub const KIND_FIELD: &str = "field kind: ";
 
 /// One request, as the control socket carries it (one line of JSON).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
