@@ -178,3 +178,52 @@ fn task_list_finds_every_task_with_filters_the_same_with_and_without_a_daemon() 
         common::assert_text_eq(&ok(list(&dir, args)), before);
     }
 }
+
+/// A queue, kind or node name that no task can have (`enqueue` refuses it)
+/// is bad input for the filters too, naming the flag, not an empty table;
+/// a valid name that no task has is an empty table. `berth log --queue`
+/// checks its name the same way.
+#[test]
+fn filters_with_names_no_task_can_have_are_refused() {
+    let root = tempdir();
+    let dir = root.path().join("data");
+    enqueue_id(&dir, &["--queue", "main", "--kind", "Sh", "--name", "ok-1"]);
+    for (args, says) in [
+        (
+            &["--queue", "bad q"][..],
+            "--queue: queue 'bad q' has the character ' '",
+        ),
+        (
+            &["--queue", ""],
+            "--queue: queue '' must be 1 to 64 characters",
+        ),
+        (
+            &["--target", "bad node"],
+            "--target: target node 'bad node' has the character ' '",
+        ),
+        (
+            &["--kind", "a/b"],
+            "--kind: kind 'a/b' has the character '/'",
+        ),
+    ] {
+        let o = list(&dir, args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(says), "{args:?}: {}", stderr(&o));
+        assert_eq!(stdout(&o), "", "{args:?}");
+    }
+    for args in [&["--queue", "nowhere"][..], &["--target", "edge-9"]] {
+        assert_eq!(
+            ok(list(&dir, args)).lines().count(),
+            1,
+            "{args:?}: only the header"
+        );
+    }
+    let o = common::berth(&dir, &["log", "--queue", "bad q"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--queue: queue 'bad q' has the character ' '"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(stdout(&o), "");
+}

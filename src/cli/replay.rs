@@ -70,6 +70,12 @@ impl Stream {
 /// in order, that the filters select; printed page by page.
 pub fn log(s: &Session, a: LogArgs) -> Result<(), CliError> {
     let now = now_ms();
+    // A queue no task can be in (enqueue refuses its name) is bad input,
+    // not a filter that silently selects nothing.
+    if let Some(q) = &a.queue {
+        berth::task::check_name("queue", q)
+            .map_err(|e| CliError::input(format!("--queue: {e}")))?;
+    }
     let mut filter = Filter::new(
         a.task,
         a.queue,

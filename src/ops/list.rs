@@ -7,7 +7,7 @@ use super::{Ctx, OpError};
 use crate::report::{Place, TaskRow};
 use crate::routing::Node;
 use crate::store::CorruptRecord;
-use crate::task::{Status, Task};
+use crate::task::{Status, Task, check_name};
 
 /// Which tasks `task list` shows. Empty lists select everything.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -48,8 +48,19 @@ pub const STATUS_WORDS: [&str; 11] = [
 ];
 
 impl TaskFilter {
-    /// Checks the status words.
+    /// Checks the status words, and the names: a queue, kind or node name
+    /// that no task can have (`enqueue` refuses it) is an error naming its
+    /// flag, not a filter that silently selects nothing.
     pub fn validate(&self) -> Result<(), OpError> {
+        for (flag, what, names) in [
+            ("--queue", "queue", &self.queues),
+            ("--kind", "kind", &self.kinds),
+            ("--target", "target node", &self.targets),
+        ] {
+            for n in names {
+                check_name(what, n).map_err(|e| OpError::input(format!("{flag}: {e}")))?;
+            }
+        }
         for s in &self.statuses {
             if !STATUS_WORDS.contains(&s.as_str()) {
                 return Err(OpError::input(format!(
@@ -186,6 +197,50 @@ mod tests {
         assert!(glob("m?play", "mcplay"));
         assert!(glob("*a*b*", "xxaxxbxx"));
         assert!(!glob("*a*b", "xxbxxa"));
+    }
+
+    #[test]
+    fn names_no_task_can_have_are_refused_naming_the_flag() {
+        let bad = |f: TaskFilter| f.validate().unwrap_err();
+        let e = bad(TaskFilter {
+            queues: vec!["bad q".into()],
+            ..Default::default()
+        });
+        assert_eq!(e.class, super::super::Class::Input);
+        assert!(
+            e.message
+                .starts_with("--queue: queue 'bad q' has the character ' '"),
+            "{e}"
+        );
+        let e = bad(TaskFilter {
+            queues: vec![String::new()],
+            ..Default::default()
+        });
+        assert!(
+            e.message.starts_with("--queue: queue '' must be 1 to 64"),
+            "{e}"
+        );
+        let e = bad(TaskFilter {
+            targets: vec!["bad node".into()],
+            ..Default::default()
+        });
+        assert!(
+            e.message.starts_with("--target: target node 'bad node'"),
+            "{e}"
+        );
+        let e = bad(TaskFilter {
+            kinds: vec!["a/b".into()],
+            ..Default::default()
+        });
+        assert!(e.message.starts_with("--kind: kind 'a/b'"), "{e}");
+        // Unknown but possible names are fine: they select nothing.
+        let f = TaskFilter {
+            queues: vec!["nowhere".into()],
+            kinds: vec!["Nope".into()],
+            targets: vec!["edge-9".into()],
+            ..Default::default()
+        };
+        assert_eq!(f.validate(), Ok(()));
     }
 
     #[test]
