@@ -378,6 +378,121 @@ fn standard_output_and_input_and_the_selection_filters() {
     assert!(stderr(&o).contains("the folder /nonexistent/folder does not exist"));
 }
 
+/// `--target NODE` takes the tasks targeted at NODE (a group whole), not
+/// those for other nodes, nor tag-gated or untargeted ones; a name no task
+/// can have is refused for every filter, naming the flag, and writes nothing.
+#[test]
+fn an_export_with_target_takes_only_the_tasks_for_that_node() {
+    let root = tempdir();
+    let a = root.path().join("a");
+    // `solo` in `other` is targeted at edge-2; the rest of `fill` is not.
+    fill(&a, root.path());
+    let e = |args: &[&str]| ok(&berth(&a, &[&["enqueue"], args].concat()), "enqueue");
+    e(&[
+        "--queue", "other", "--kind", "Backup", "--name", "for-c", "--target", "edge-3",
+    ]);
+    e(&[
+        "--queue",
+        "other",
+        "--kind",
+        "Backup",
+        "--name",
+        "both",
+        "--target",
+        "edge-3,edge-2",
+    ]);
+    e(&[
+        "--queue", "main", "--kind", "Backup", "--name", "gpu", "--tag", "gpu",
+    ]);
+    let batch = root.path().join("targeted.json");
+    std::fs::write(
+        &batch,
+        r#"[{"queue":"main","kind":"Backup","name":"g1","weight":3,"target":"edge-2"},
+            {"queue":"main","kind":"Backup","name":"g2","weight":3,"target":"edge-2"}]"#,
+    )
+    .expect("batch");
+    ok(
+        &berth(&a, &["enqueue", "--batch", batch.to_str().expect("utf-8")]),
+        "batch",
+    );
+    let file = root.path().join("edge-2.bex");
+    let o = berth(
+        &a,
+        &[
+            "export",
+            "-o",
+            file.to_str().expect("utf-8"),
+            "--target",
+            "edge-2",
+        ],
+    );
+    ok(&o, "export --target edge-2");
+    assert!(
+        stderr(&o).contains("exported 5 tasks (2 queues, 1 groups)"),
+        "{}",
+        stderr(&o)
+    );
+    let b = root.path().join("b");
+    ok(
+        &berth(&b, &["import", file.to_str().expect("utf-8")]),
+        "import",
+    );
+    let mut names: Vec<String> = state(&b).tasks.values().map(|t| t.name.clone()).collect();
+    names.sort();
+    let parent = names
+        .iter()
+        .find(|n| n.contains("g1") && n.contains("g2"))
+        .cloned()
+        .expect("the group's parent");
+    let mut want = vec![
+        "both".to_string(),
+        "g1".into(),
+        "g2".into(),
+        parent,
+        "solo".into(),
+    ];
+    want.sort();
+    assert_eq!(names, want);
+
+    // Names no task can have: exit 2, the flag named, no file.
+    let bad = root.path().join("bad.bex");
+    for (args, says) in [
+        (
+            &["--queue", "bad q"][..],
+            "--queue: queue 'bad q' has the character ' '",
+        ),
+        (
+            &["--queue", ""],
+            "--queue: queue '' must be 1 to 64 characters",
+        ),
+        (
+            &["--target", "bad node"],
+            "--target: target node 'bad node'",
+        ),
+    ] {
+        let o = berth(
+            &a,
+            &[&["export", "-o", bad.to_str().expect("utf-8")], args].concat(),
+        );
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(says), "{args:?}: {}", stderr(&o));
+        assert!(!bad.exists(), "{args:?} wrote the file");
+    }
+    // A valid name that no task has: an empty export.
+    let o = berth(
+        &a,
+        &[
+            "export",
+            "-o",
+            bad.to_str().expect("utf-8"),
+            "--target",
+            "edge-9",
+        ],
+    );
+    ok(&o, "export --target edge-9");
+    assert!(stderr(&o).contains("exported 0 tasks"), "{}", stderr(&o));
+}
+
 /// `-o` never replaces what is not a regular file (a device such as
 /// /dev/null, a FIFO, a symbolic link: the export renames its new file over
 /// the old one), and a path that is not UTF-8 is refused, not a panic.

@@ -117,6 +117,10 @@ pub struct ExportArgs {
     /// Also take finished tasks (the history).
     #[arg(long)]
     pub history: bool,
+    /// Only tasks targeted at this node (repeatable), as `task list
+    /// --target` selects them: what that node should take.
+    #[arg(long, value_name = "NODE")]
+    pub target: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -293,8 +297,8 @@ pub struct ListArgs {
     /// character).
     #[arg(long)]
     pub name: Option<String>,
-    /// Only tasks targeted at this node (repeatable): those an export to it
-    /// takes.
+    /// Only tasks targeted at this node (repeatable): those `export
+    /// --target` takes.
     #[arg(long)]
     pub target: Vec<String>,
     #[arg(short = 'o', long = "output", value_enum, default_value = "text")]

@@ -384,6 +384,7 @@ fn export(s: &Session, a: ExportArgs) -> Result<(), CliError> {
         queues: a.queue,
         statuses: a.status,
         history: a.history,
+        targets: a.target,
     };
     sel.validate()?;
     let to_stdout = a.output.as_os_str() == "-";
@@ -414,6 +415,7 @@ fn export(s: &Session, a: ExportArgs) -> Result<(), CliError> {
         queues: sel.queues,
         statuses: sel.statuses,
         history: sel.history,
+        targets: sel.targets,
     })?;
     let to = if to_stdout {
         let bytes = std::fs::read(&path)

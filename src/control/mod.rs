@@ -151,7 +151,7 @@ mod tests {
             r#"{"op":"task_list","filter":{"targets":["edge-2"]}}"#.to_string(),
             r#"{"op":"metrics"}"#.to_string(),
             r#"{"op":"queue_list","all":true}"#.to_string(),
-            r#"{"op":"export","path":"/tmp/x.bex","queues":["main"],"statuses":["queued"],"history":true}"#
+            r#"{"op":"export","path":"/tmp/x.bex","queues":["main"],"statuses":["queued"],"history":true,"targets":["edge-2"]}"#
                 .to_string(),
             r#"{"op":"import","path":"/tmp/x.bex","label":"standard input"}"#.to_string(),
         ];

@@ -323,6 +323,10 @@ pub enum Request {
         statuses: Vec<String>,
         #[serde(default)]
         history: bool,
+        /// Only tasks targeted at one of these nodes (`task list`'s
+        /// `targets`).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        targets: Vec<String>,
     },
     /// `berth import`: adds the tasks of the export file at `path` (an
     /// absolute path on this machine); `label` names it in messages
@@ -456,6 +460,7 @@ pub fn execute(ctx: &Ctx<'_>, req: Request) -> Result<Value, OpError> {
             queues,
             statuses,
             history,
+            targets,
         } => export(
             ctx,
             &path,
@@ -463,6 +468,7 @@ pub fn execute(ctx: &Ctx<'_>, req: Request) -> Result<Value, OpError> {
                 queues,
                 statuses,
                 history,
+                targets,
             },
         ),
         Request::Import { path, label } => import(ctx, &path, label.as_deref()),

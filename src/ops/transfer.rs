@@ -39,13 +39,15 @@ const FINISHED_WORDS: [&str; 5] = ["succeeded", "failed", "cancelled", "dead", "
 
 /// Which tasks an export takes: every live task (queued, running, waiting
 /// group children), and with `history` every finished one, then only those
-/// in `queues` and with `statuses` (`task list`'s words), if given; every
-/// group whole.
+/// in `queues`, with `statuses` (`task list`'s words) and targeted at one of
+/// `targets`, if given; every group whole.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Selection {
     pub queues: Vec<String>,
     pub statuses: Vec<String>,
     pub history: bool,
+    /// Nodes (`task list --target`): only the tasks whose target names one.
+    pub targets: Vec<String>,
 }
 
 impl Selection {
@@ -53,11 +55,13 @@ impl Selection {
         TaskFilter {
             queues: self.queues.clone(),
             statuses: self.statuses.clone(),
+            targets: self.targets.clone(),
             ..TaskFilter::default()
         }
     }
 
-    /// Checks the status words (a word for finished tasks needs `history`).
+    /// Checks the status words (a word for finished tasks needs `history`)
+    /// and the names (as `TaskFilter::validate` does).
     pub fn validate(&self) -> Result<(), OpError> {
         self.filter().validate()?;
         if !self.history
@@ -105,7 +109,7 @@ pub fn export(ctx: &Ctx<'_>, path: &Path, sel: &Selection) -> Result<Value, OpEr
     };
     let bytes = transfer::encode(&export).map_err(|e| match e {
         transfer::FormatError::TooLarge(_) => OpError::input(format!(
-            "{}: {e}: export fewer tasks at a time (--queue, --status)",
+            "{}: {e}: export fewer tasks at a time (--queue, --status, --target)",
             path.display()
         )),
         // The store's own tasks do not agree (a damaged data dir).
