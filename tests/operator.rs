@@ -349,6 +349,21 @@ fn cancel_takes_a_queued_task_at_once_and_a_running_group_with_its_children() {
     let (code, _, err) = run(&data, &["task", "cancel", &children[0].to_string()]);
     assert_eq!(code, Some(1));
     assert!(err.contains(&format!("is part of group {parent}")), "{err}");
+    // And so is its removal, running as it is: not "cancel it first", which
+    // the cancel just refused.
+    let child = children[0];
+    assert_eq!(
+        run(&data, &["task", "remove", &child.to_string()]),
+        (
+            Some(1),
+            String::new(),
+            format!(
+                "berth: task {child} is part of group {parent}; cannot remove it alone (remove \
+                 the group instead)\n"
+            )
+        )
+    );
+    assert_eq!(status(&data, child), "running");
     // The group: the running children are stopped, the waiting one ends at
     // once, then the parent; `main` moves on.
     let (code, out, err) = run(&data, &["task", "cancel", &parent.to_string()]);

@@ -89,13 +89,17 @@ fn group_started(store: &Store, children: &[u64]) -> Result<bool, OpError> {
 }
 
 /// Removes a task (a group parent with its children); returns the ids
-/// removed. A running task (or a group with a running child) is refused:
-/// cancel it first. A finished task is removed only with `history` (its
-/// record and attempt logs are deleted).
+/// removed. A group child is refused whatever its state: remove its group.
+/// A running task (or a group with a running child) is refused: cancel it
+/// first. A finished task is removed only with `history` (its record and
+/// attempt logs are deleted).
 pub fn task_remove(ctx: &Ctx<'_>, id: u64, history: bool) -> Result<Vec<u64>, OpError> {
     let store = ctx.store.ok_or_else(|| no_task(id))?;
     let mut w = store.write();
     let task = w.task(id)?.clone();
+    // First: a running child told to be cancelled would be refused there
+    // too (a child is cancelled with its group).
+    w.check_removable_alone(id)?;
     if !w.is_live(id)? {
         if !history {
             return Err(OpError::runtime(format!(

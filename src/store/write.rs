@@ -612,11 +612,12 @@ impl<'s> WriteTxn<'s> {
         Ok(())
     }
 
-    /// Deletes a task (and, for a group parent, its children). A group child
-    /// cannot be removed on its own. Returns the ids removed.
-    pub fn remove(&mut self, id: u64) -> Result<Vec<u64>, WriteError> {
-        let task = self.task(id)?.clone();
-        if let Some(parent) = task.parent
+    /// Refuses a group child (while its group is there): it cannot be
+    /// removed on its own, whatever its state. (`task remove` asks this
+    /// first, so that a running child is not told to be cancelled alone,
+    /// which `task cancel` refuses too.)
+    pub fn check_removable_alone(&mut self, id: u64) -> Result<(), WriteError> {
+        if let Some(parent) = self.task(id)?.parent
             && self.slot(parent).is_ok()
         {
             return Err(WriteError::WrongState {
@@ -625,6 +626,14 @@ impl<'s> WriteTxn<'s> {
                 op: "remove it alone (remove the group instead)",
             });
         }
+        Ok(())
+    }
+
+    /// Deletes a task (and, for a group parent, its children). A group child
+    /// cannot be removed on its own. Returns the ids removed.
+    pub fn remove(&mut self, id: u64) -> Result<Vec<u64>, WriteError> {
+        self.check_removable_alone(id)?;
+        let task = self.task(id)?.clone();
         let mut removed = Vec::new();
         for child in task.children.iter().copied() {
             if self.slot(child).is_ok() {
