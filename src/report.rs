@@ -669,13 +669,7 @@ fn task_cells(r: &TaskRow, now_ms: u64) -> [String; 9] {
     // Long names (a group's lists its children) are cut in the table; the
     // JSON has them whole.
     let name = cut(&r.name, Some(NAME_WIDTH));
-    let message = r
-        .last_failure
-        .as_deref()
-        .unwrap_or_default()
-        .lines()
-        .next()
-        .unwrap_or_default();
+    let message = one_line(r.last_failure.as_deref().unwrap_or_default());
     [
         r.id.to_string(),
         r.queue.clone(),
@@ -685,8 +679,20 @@ fn task_cells(r: &TaskRow, now_ms: u64) -> [String; 9] {
         r.attempts.to_string(),
         r.failures.to_string(),
         when,
-        message.to_string(),
+        message,
     ]
+}
+
+/// A message on one row: its lines (a group's `Errors:` and one line per
+/// failed child) joined with a space, blank ones left out. The table
+/// shows this whole into a pipe and cuts it to a terminal's width.
+fn one_line(text: &str) -> String {
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    lines.join(" ")
 }
 
 /// `text` cut to `room` characters (with `…` when cut); whole without a limit.
@@ -831,6 +837,31 @@ Summary:
         let mut t = spec.into_task(1, budget).unwrap();
         t.result = result;
         t
+    }
+
+    /// A multi-line message (a group's `Errors:` list) is one row: whole
+    /// into a pipe, lines joined with a space; on a terminal the same text
+    /// cut to the width.
+    #[test]
+    fn a_multi_line_message_stays_on_its_row() {
+        let mut t = task_with(json!(null), None, &Budget::default());
+        t.id = 4;
+        t.status = Status::Failed;
+        t.last_failure = Some("Errors:\n- f-a: helm upgrade failed: boom\n\n- f-b: x\n".into());
+        let rows = [TaskRow::of(&t, Place::History, None)];
+        let pipe = render_task_table(&rows, 10, None);
+        let row = pipe.lines().nth(1).unwrap();
+        assert!(
+            row.ends_with("  Errors: - f-a: helm upgrade failed: boom - f-b: x"),
+            "{pipe}"
+        );
+        assert_eq!(pipe.lines().count(), 2, "{pipe}");
+        let head_width = row.len() - "Errors: - f-a: helm upgrade failed: boom - f-b: x".len();
+        let tty = render_task_table(&rows, 10, Some(head_width + 12));
+        assert!(
+            tty.lines().nth(1).unwrap().ends_with("  Errors: - f…"),
+            "{tty}"
+        );
     }
 
     /// Through the wire as the socket carries it: one JSON line.
