@@ -155,6 +155,21 @@ fn history_expires_by_age_and_by_count_with_an_event() {
     let mut all = old.clone();
     all.extend(&newer);
     assert_eq!(removed, all);
+    // berth_tasks_removed_total counts them (it counts `removed` events),
+    // and its help says so.
+    let families =
+        berth::ops::metrics(&berth::ops::Ctx::direct(Some(&store), None)).expect("metrics");
+    let f = families
+        .iter()
+        .find(|f| f.name == "berth_tasks_removed_total")
+        .expect("the family");
+    let total: f64 = f.samples.iter().map(|s| s.value).sum();
+    assert_eq!(total, all.len() as f64);
+    assert!(
+        f.help.contains("task remove") && f.help.contains("retention"),
+        "{}",
+        f.help
+    );
     assert_clean(&store);
 }
 

@@ -194,7 +194,8 @@ fn counted_tasks(out: &mut Vec<Family>, counts: &Counts) {
     out.push(per_kind(
         counts,
         "berth_tasks_removed_total",
-        "Tasks removed (task remove), by kind.",
+        "Tasks removed, by kind: by task remove, and finished tasks pruned from the history \
+         by retention.",
         counters::REMOVED,
     ));
     out.push(per_kind(
