@@ -273,6 +273,15 @@ fn berth_run_until_idle_runs_its_tasks_and_leaves_the_others_listed() {
             (mine, serde_json::Value::Null)
         ]
     );
+    // Several nodes, as enqueue takes them: any of them.
+    let json = common::berth(
+        &dir,
+        &["task", "list", "--target", "edge-1,edge-9", "-o", "json"],
+    );
+    assert!(json.status.success(), "{}", stderr(&json));
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&json.stdout).expect("json");
+    let ids: Vec<u64> = rows.iter().map(|r| r["id"].as_u64().unwrap()).collect();
+    assert_eq!(ids, vec![mine]);
     // A spec's target may be a list.
     let batch = root.path().join("batch.json");
     std::fs::write(

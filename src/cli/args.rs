@@ -117,9 +117,9 @@ pub struct ExportArgs {
     /// Also take finished tasks (the history).
     #[arg(long)]
     pub history: bool,
-    /// Only tasks targeted at this node (repeatable), as `task list
-    /// --target` selects them: what that node should take.
-    #[arg(long, value_name = "NODE")]
+    /// Only tasks targeted at this node (repeatable, or comma-separated),
+    /// as `task list --target` selects them: what that node should take.
+    #[arg(long, value_name = "NODE", value_delimiter = ',')]
     pub target: Vec<String>,
 }
 
@@ -297,9 +297,9 @@ pub struct ListArgs {
     /// character).
     #[arg(long)]
     pub name: Option<String>,
-    /// Only tasks targeted at this node (repeatable): those `export
-    /// --target` takes.
-    #[arg(long)]
+    /// Only tasks targeted at this node (repeatable, or comma-separated):
+    /// those `export --target` takes.
+    #[arg(long, value_delimiter = ',')]
     pub target: Vec<String>,
     #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
     pub output: Format,
