@@ -253,6 +253,9 @@ struct Ctx<'a> {
     /// Also check what the config names on this machine: commands, their
     /// folders (`Config::load` does; parsing alone does not).
     on_this_machine: bool,
+    /// A config without a `[handlers.KIND]` table is an error (a daemon
+    /// would have nothing to run tasks with).
+    need_handlers: bool,
 }
 
 impl Ctx<'_> {
@@ -417,36 +420,60 @@ fn runnable(prog: &str) -> Result<(), String> {
     ))
 }
 
+/// A config file's text (at most 16 MiB, UTF-8) and its absolute path:
+/// handlers run in their own cwd, so paths must not depend on ours.
+fn read_text(path: &Path) -> Result<(PathBuf, String), ConfigError> {
+    // A config is a few KiB; 16 MiB is no config.
+    let text = std::fs::File::open(path)
+        .and_then(|f| crate::frame::read_file_capped(f, 16 << 20))
+        .and_then(|b| String::from_utf8(b).map_err(std::io::Error::other))
+        .map_err(|e| ConfigError {
+            path: path.to_path_buf(),
+            line: None,
+            message: format!("cannot read: {e}"),
+        })?;
+    let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    Ok((abs, text))
+}
+
 impl Config {
     /// Reads and checks a config file, also what it names on this machine:
     /// every handler's command (a path must be an executable file, a bare
-    /// name must be found in `PATH`) and its `cwd` (a folder).
+    /// name must be found in `PATH`) and its `cwd` (a folder). What `berth
+    /// run` and `berth check` read.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        // A config is a few KiB; 16 MiB is no config.
-        let text = std::fs::File::open(path)
-            .and_then(|f| crate::frame::read_file_capped(f, 16 << 20))
-            .and_then(|b| String::from_utf8(b).map_err(std::io::Error::other))
-            .map_err(|e| ConfigError {
-                path: path.to_path_buf(),
-                line: None,
-                message: format!("cannot read: {e}"),
-            })?;
-        // Handlers run in their own cwd: paths must not depend on ours.
-        let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
-        Self::parse_with(&abs, &text, true)
+        let (abs, text) = read_text(path)?;
+        Self::parse_with(&abs, &text, true, true)
+    }
+
+    /// Reads and checks a config file as the commands other than `run` and
+    /// `check` need it (they take the data dir, the budget, the disk
+    /// reserve, `write_ahead_log` and the handlers' kinds from it): every
+    /// value is checked, but not what it names on this machine, and it may
+    /// have no handler, so that `queue list` works while a handler's
+    /// program is being deployed.
+    pub fn load_for_commands(path: &Path) -> Result<Config, ConfigError> {
+        let (abs, text) = read_text(path)?;
+        Self::parse_with(&abs, &text, false, false)
     }
 
     /// Parses config text read from `path`, checking every value but not
     /// what it names on this machine (see [`Config::load`]).
     pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
-        Self::parse_with(path, text, false)
+        Self::parse_with(path, text, false, true)
     }
 
-    fn parse_with(path: &Path, text: &str, on_this_machine: bool) -> Result<Config, ConfigError> {
+    fn parse_with(
+        path: &Path,
+        text: &str,
+        on_this_machine: bool,
+        need_handlers: bool,
+    ) -> Result<Config, ConfigError> {
         let cx = Ctx {
             path,
             text,
             on_this_machine,
+            need_handlers,
         };
         let raw = cx.deserialize()?;
         let base = match path.parent() {
@@ -752,7 +779,7 @@ impl Ctx<'_> {
         base: &Path,
         budget: &Budget,
     ) -> Result<BTreeMap<String, CommandHandler>, ConfigError> {
-        if raw.handlers.is_empty() {
+        if raw.handlers.is_empty() && self.need_handlers {
             // No line to point at: the error names the key that is missing.
             return Err(self.err_at(
                 None,

@@ -458,6 +458,51 @@ fn a_config_that_cannot_work_is_refused_with_its_file_line_and_key() {
     }
 }
 
+/// The commands other than `run` and `check` take only the config's values:
+/// a handler's program that is missing (being deployed), a missing `cwd`
+/// or no handler at all does not stop `queue list` or an `enqueue`; a value
+/// that is wrong still does (exit 2, file, line and key).
+#[test]
+fn commands_other_than_run_and_check_need_only_the_configs_values() {
+    let root = tempdir();
+    let cfg = root.path().join("berth.toml");
+    let berth_cfg = |args: &[&str]| {
+        Command::new(common::berth_bin())
+            .arg("--config")
+            .arg(&cfg)
+            .args(args)
+            .env_remove("BERTH_DATA_DIR")
+            .output()
+            .expect("berth")
+    };
+    let enqueue = ["enqueue", "--queue", "main", "--kind", "K", "--name", "a"];
+    for text in [
+        "[handlers.K]\ncommand = [\"./hooks/not-yet.sh\"]\n",
+        "[handlers.K]\ncommand = [\"true\"]\ncwd = \"missing\"\n",
+        "node = \"edge-1\"\n",
+    ] {
+        std::fs::write(&cfg, text).expect("config");
+        for args in [&["check"][..], &["run", "--until-idle"]] {
+            assert_eq!(berth_cfg(args).status.code(), Some(2), "{text:?} {args:?}");
+        }
+        let o = berth_cfg(&enqueue);
+        assert!(o.status.success(), "{text:?}: {}", stderr(&o));
+        let o = berth_cfg(&["queue", "list"]);
+        assert!(o.status.success(), "{text:?}: {}", stderr(&o));
+        assert!(stdout(&o).contains("Queue 'main'"), "{}", stdout(&o));
+    }
+    // The kinds are still checked when the config has handlers.
+    std::fs::write(&cfg, "[handlers.K]\ncommand = [\"./hooks/not-yet.sh\"]\n").expect("config");
+    let o = berth_cfg(&[
+        "enqueue", "--queue", "main", "--kind", "Nope", "--name", "b",
+    ]);
+    common::assert_refused(&o, 2, "no handler for kind 'Nope'");
+    // A wrong value is refused by every command.
+    std::fs::write(&cfg, "parallel_queues = \"ten\"\n").expect("config");
+    let o = berth_cfg(&["queue", "list"]);
+    common::assert_refused(&o, 2, ":1: key parallel_queues: invalid type");
+}
+
 /// A file named on the command line is read up to a size: `/dev/zero` as
 /// a config or a payload file is refused (exit 2), not read until the
 /// memory runs out.

@@ -15,7 +15,7 @@ use berth::store::{OpenError, Options, Role, Store, WriteError};
 use serde_json::Value;
 
 use super::CliError;
-use super::args::Cli;
+use super::args::{Cli, Command};
 
 /// Where a request went.
 enum Answer {
@@ -45,8 +45,15 @@ impl Session {
     /// `data_dir`, else `./berth-data`; the budget, the disk reserve and
     /// `write_ahead_log` from the config, or their defaults.
     pub fn from_args(cli: &Cli, data_dir_given: bool) -> Result<Session, CliError> {
+        // `run` and `check` check what the config names on this machine;
+        // the other commands take only its values (see
+        // `Config::load_for_commands`).
+        let load = match cli.command {
+            Command::Run(_) | Command::Check => Config::load,
+            _ => Config::load_for_commands,
+        };
         let config = match &cli.config {
-            Some(path) => Some(Config::load(path).map_err(|e| CliError::input(e.to_string()))?),
+            Some(path) => Some(load(path).map_err(|e| CliError::input(e.to_string()))?),
             None => None,
         };
         let dir = match (&config, data_dir_given) {
@@ -223,10 +230,12 @@ impl Session {
         }
     }
 
-    /// The kinds the config has handlers for (`None` without a config).
+    /// The kinds the config has handlers for (`None` without a config, or
+    /// with one that has no handler: nothing to check a kind against).
     pub fn kinds(&self) -> Option<Vec<String>> {
         self.config
             .as_ref()
+            .filter(|c| !c.handlers.is_empty())
             .map(|c| c.handlers.keys().cloned().collect())
     }
 
