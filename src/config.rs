@@ -1073,15 +1073,18 @@ env = { HELM_NAMESPACE = "d8" }
             &format!("[retention]\nlog_size = 0\n{HANDLER}"),
             "2: key retention.log_size: must be more than 0",
         );
-        // Not a whole number of bytes: refused, not rounded.
+        // A part of a byte: refused, not rounded; a larger unit's decimals
+        // round to the nearest byte.
         assert_error(
             &format!("[budget]\nmax_object = \"0.5\"\n{HANDLER}"),
             "2: key budget.max_object: '0.5' is not a whole number of bytes",
         );
-        assert_error(
-            &format!("\n[disk]\nreserve = \"1.1MiB\"\n{HANDLER}"),
-            "3: key disk.reserve: '1.1MiB' is not a whole number of bytes",
-        );
+        let c = Config::parse(
+            Path::new("/etc/berth/berth.toml"),
+            &format!("[disk]\nreserve = \"1.1MiB\"\n{HANDLER}"),
+        )
+        .unwrap();
+        assert_eq!(c.disk_reserve, 1_153_434);
     }
 
     #[test]

@@ -52,29 +52,24 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     let whole_bytes = digits(whole)?
         .checked_mul(u128::from(mult))
         .ok_or_else(too_large)?;
-    // The decimals, exactly: `frac / 10^len` of the unit.
+    // The decimals: `frac / 10^len` of the unit. In bytes they would be a
+    // part of a byte: refused (`0.5` is no size). In a larger unit the
+    // size is rounded to the nearest byte, so that a size as berth shows
+    // it (`1.1 MiB`) reads back; 20 decimals are more than a byte needs.
     let frac = frac.trim_end_matches('0');
+    let frac = &frac[..frac.len().min(20)];
     let frac_bytes = if frac.is_empty() {
         0
+    } else if mult == 1 {
+        return Err(format!(
+            "'{text}' is not a whole number of bytes (a size in bytes has no decimals)"
+        ));
     } else {
-        let not_whole = || {
-            format!(
-                "'{text}' is not a whole number of bytes (write the size in bytes, or in a \
-                 smaller unit)"
-            )
-        };
-        let scale = u32::try_from(frac.len())
-            .ok()
-            .and_then(|n| 10u128.checked_pow(n))
-            .ok_or_else(not_whole)?;
-        let scaled = digits(frac)
-            .ok()
-            .and_then(|f| f.checked_mul(u128::from(mult)))
-            .ok_or_else(not_whole)?;
-        if scaled % scale != 0 {
-            return Err(not_whole());
-        }
-        scaled / scale
+        let scale = 10u128.pow(frac.len() as u32);
+        let scaled = digits(frac)?
+            .checked_mul(u128::from(mult))
+            .ok_or_else(too_large)?;
+        (scaled + scale / 2) / scale
     };
     whole_bytes
         .checked_add(frac_bytes)
@@ -239,15 +234,23 @@ mod tests {
     }
 
     #[test]
-    fn a_size_that_is_not_a_whole_number_of_bytes_is_refused() {
-        for text in [
-            "0.5",
-            "1.1MiB",
-            "0.1KiB",
-            "1.0000000000000000000000000000000000001KB",
-        ] {
+    fn a_size_in_bytes_with_decimals_is_refused_and_a_larger_unit_rounds() {
+        for text in ["0.5", "1.5B", "0.5 b", "4096.01"] {
             let e = parse_size(text).unwrap_err();
             assert!(e.contains("is not a whole number of bytes"), "{text}: {e}");
+        }
+        assert_eq!(parse_size("1.1MiB"), Ok(1_153_434)); // 1153433.6
+        assert_eq!(parse_size("0.1KiB"), Ok(102)); // 102.4
+        assert_eq!(parse_size("1.5MiB"), Ok(1_572_864));
+        assert_eq!(parse_size("1.0B"), Ok(1));
+        assert_eq!(
+            parse_size("1.0000000000000000000000000000000000001KB"),
+            Ok(1000)
+        );
+        // What berth shows reads back (to its rounding).
+        for n in [1_153_434u64, 3_250_000, 4_584_946_418_820_579_328] {
+            let back = parse_size(&format_size(n)).unwrap();
+            assert!(back.abs_diff(n) <= n / 200 + 1, "{n} {back}");
         }
     }
 
