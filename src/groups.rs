@@ -30,8 +30,7 @@ pub fn plan_indices(specs: &[TaskSpec]) -> Vec<Vec<usize>> {
                 s.weight.is_some()
                     && specs[l].weight == s.weight
                     && specs[l].queue == s.queue
-                    && specs[l].target == s.target
-                    && specs[l].tags == s.tags
+                    && same_routing(&specs[l], s)
                     && specs[l].ttl == s.ttl
             }
             None => false,
@@ -45,6 +44,20 @@ pub fn plan_indices(specs: &[TaskSpec]) -> Vec<Vec<usize>> {
         out.push(run);
     }
     out
+}
+
+/// Whether two specs are routed alike: the same target nodes and the same
+/// tags, in any order and counted once (`edge-1,edge-2` is `edge-2,edge-1`).
+fn same_routing(a: &TaskSpec, b: &TaskSpec) -> bool {
+    use std::collections::BTreeSet;
+    let targets = |s: &TaskSpec| -> BTreeSet<String> {
+        crate::routing::targets(s.target.as_deref())
+            .into_iter()
+            .map(str::to_string)
+            .collect()
+    };
+    let tags = |s: &TaskSpec| -> BTreeSet<String> { s.tags.iter().cloned().collect() };
+    targets(a) == targets(b) && tags(a) == tags(b)
 }
 
 /// Past this length a group's name lists the first names and how many more,
@@ -106,7 +119,9 @@ pub fn parent_spec(children: &[TaskSpec]) -> TaskSpec {
         weight: first.weight,
         payload: serde_json::Value::Null,
         tags: first.tags.clone(),
-        target: shared(|c| &c.target),
+        // A run is routed alike (`same_routing`): the first's target and
+        // tags are every child's, as written first.
+        target: first.target.clone(),
         compaction_key: None,
         ttl: first.ttl,
     }
@@ -423,6 +438,18 @@ mod tests {
         let p = parent_spec(&specs[..2]);
         assert_eq!(p.target.as_deref(), Some("edge-1"));
         assert_eq!(p.tags, vec!["gpu".to_string()]);
+        // The same nodes and tags in another order, or named twice, are the
+        // same routing: they group, and the parent has the first's.
+        let specs = [
+            routed("a", Some("edge-1,edge-2"), &["gpu", "ssd"]),
+            routed("b", Some("edge-2,edge-1"), &["ssd", "gpu"]),
+            routed("c", Some("edge-2,edge-1,edge-1"), &["gpu", "ssd", "gpu"]),
+            routed("d", Some("edge-2"), &["gpu", "ssd"]),
+        ];
+        assert_eq!(plan_names(&specs), vec![vec!["a", "b", "c"], vec!["d"]]);
+        let p = parent_spec(&specs[..3]);
+        assert_eq!(p.target.as_deref(), Some("edge-1,edge-2"));
+        assert_eq!(p.tags, vec!["gpu".to_string(), "ssd".to_string()]);
     }
 
     #[test]
