@@ -675,3 +675,54 @@ fn a_berth_now_that_is_not_a_time_is_refused() {
     // A time passes the check (and the missing data dir is what is said).
     common::assert_refused(&o, 1, "does not exist");
 }
+
+/// A data dir that a command with `--config` made shows the config's
+/// parallel queues (`parallel_queues = 3`: `parallel_queue_0` to `_2`)
+/// before a daemon has run on it and recorded its own.
+#[test]
+fn before_a_daemon_runs_the_configs_parallel_queues_are_shown() {
+    let root = tempdir();
+    let cfg = root.path().join("berth.toml");
+    std::fs::write(
+        &cfg,
+        "parallel_queues = 3\n[handlers.K]\ncommand = [\"true\"]\n",
+    )
+    .expect("config");
+    let berth_cfg = |args: &[&str]| {
+        Command::new(common::berth_bin())
+            .arg("--config")
+            .arg(&cfg)
+            .args(args)
+            .env_remove("BERTH_DATA_DIR")
+            .output()
+            .expect("berth")
+    };
+    let o = berth_cfg(&["enqueue", "--queue", "main", "--kind", "K", "--name", "a"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let queues = |o: &std::process::Output| -> Vec<String> {
+        assert!(o.status.success(), "{}", stderr(o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+        let mut names: Vec<String> = Vec::new();
+        for group in ["active", "empty"] {
+            for q in v[group].as_array().into_iter().flatten() {
+                names.push(q["name"].as_str().expect("a name").to_string());
+            }
+        }
+        names.sort();
+        names
+    };
+    let want = [
+        "main",
+        "parallel_queue_0",
+        "parallel_queue_1",
+        "parallel_queue_2",
+    ];
+    let o = berth_cfg(&["queue", "list", "--show-empty", "-o", "json"]);
+    assert_eq!(queues(&o), want, "{}", stdout(&o));
+    // Without the config the data dir knows no count: the default.
+    let o = common::berth(
+        &root.path().join("berth-data"),
+        &["queue", "list", "--show-empty", "-o", "json"],
+    );
+    assert_eq!(queues(&o).len(), 11, "{}", stdout(&o));
+}

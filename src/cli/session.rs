@@ -156,6 +156,7 @@ impl Session {
         let kinds = self.kinds();
         let ctx = Ctx {
             progress,
+            parallel_queues: self.config.as_ref().map(|c| c.engine.parallel_queues),
             ..Ctx::direct(Some(store), kinds.as_deref())
         };
         ops::execute(&ctx, req)

@@ -299,7 +299,7 @@ fn gauges(
 ) -> Result<(), OpError> {
     let parallel = match ctx.engine {
         Some(e) => e.config().parallel_queues,
-        None => store.parallel_queues()?,
+        None => ctx.parallel_queues(store)?,
     };
     let mut lengths: BTreeMap<String, usize> = std::iter::once(MAIN.to_string())
         .chain((0..parallel).map(parallel_queue))

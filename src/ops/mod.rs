@@ -167,6 +167,9 @@ pub struct Ctx<'a> {
     /// the last there is. Only a command's own context has one (a daemon
     /// has no terminal to show it on).
     pub progress: Option<&'a (dyn Fn(u64, u64) + Sync)>,
+    /// The parallel queue count of a command's `--config`: the queues a
+    /// data dir shows before a daemon has recorded its own.
+    pub parallel_queues: Option<usize>,
 }
 
 impl<'a> Ctx<'a> {
@@ -177,6 +180,7 @@ impl<'a> Ctx<'a> {
             engine: Some(engine),
             kinds: Some(kinds),
             progress: None,
+            parallel_queues: None,
         }
     }
 
@@ -188,7 +192,17 @@ impl<'a> Ctx<'a> {
             engine: None,
             kinds,
             progress: None,
+            parallel_queues: None,
         }
+    }
+
+    /// The parallel queues the data dir shows: the count its daemon
+    /// recorded, else the command's config's, else the default.
+    pub fn parallel_queues(&self, store: &Store) -> Result<usize, OpError> {
+        Ok(store
+            .recorded_parallel_queues()?
+            .or(self.parallel_queues)
+            .unwrap_or(crate::queues::DEFAULT_PARALLEL_QUEUES))
     }
 
     /// Why a task of `kind` cannot run here, if it cannot: the kinds are

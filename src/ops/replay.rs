@@ -93,7 +93,7 @@ pub fn replay(ctx: &Ctx<'_>, seq: Option<u64>, at_ms: Option<u64>) -> Result<Val
     // A checkpoint's state is the state after its event.
     let from_checkpoint = (start.last_seq > 0).then_some(start.last_seq);
     let r = state_at(start, &source, until, &mut progress).map_err(source_error)?;
-    let views = report::model_views(&r.model, store.parallel_queues()?);
+    let views = report::model_views(&r.model, ctx.parallel_queues(store)?);
     let position = match (r.last, r.reached_end) {
         (_, true) => "end",
         (None, false) if from_checkpoint.is_none() => "before",

@@ -50,10 +50,13 @@ pub fn queue_list(ctx: &Ctx<'_>, all: bool) -> Result<Vec<QueueView>, OpError> {
     let limit = if all { usize::MAX } else { QUEUE_LIST_LIMIT };
     Ok(match (ctx.engine, ctx.store) {
         (Some(engine), _) => engine.queue_views_limited(limit),
-        (None, Some(store)) => {
-            report::snapshot(store, store.parallel_queues()?, limit, &|_| String::new())
-        }
-        (None, None) => report::empty_views(crate::queues::DEFAULT_PARALLEL_QUEUES),
+        (None, Some(store)) => report::snapshot(store, ctx.parallel_queues(store)?, limit, &|_| {
+            String::new()
+        }),
+        (None, None) => report::empty_views(
+            ctx.parallel_queues
+                .unwrap_or(crate::queues::DEFAULT_PARALLEL_QUEUES),
+        ),
     })
 }
 

@@ -211,10 +211,17 @@ impl Store {
     /// How many parallel queues the last daemon on this data dir ran (the
     /// daemon's default if none said).
     pub fn parallel_queues(&self) -> Result<usize, ReadError> {
+        Ok(self
+            .recorded_parallel_queues()?
+            .unwrap_or(crate::queues::DEFAULT_PARALLEL_QUEUES))
+    }
+
+    /// The parallel queue count a daemon recorded, if one has run here.
+    pub fn recorded_parallel_queues(&self) -> Result<Option<usize>, ReadError> {
         match self.get_raw(keys::META_PARALLEL)? {
-            None => Ok(crate::queues::DEFAULT_PARALLEL_QUEUES),
+            None => Ok(None),
             Some(v) => codec::decode::<u64>(&v)
-                .map(|n| n as usize)
+                .map(|n| Some(n as usize))
                 .map_err(|e| ReadError::Corrupt(CorruptRecord::new(keys::META_PARALLEL, e))),
         }
     }
