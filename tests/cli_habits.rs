@@ -458,6 +458,17 @@ fn a_config_that_cannot_work_is_refused_with_its_file_line_and_key() {
     }
 }
 
+/// `berth --config CFG ARGS...` (the data dir from the config).
+fn berth_cfg(cfg: &std::path::Path, args: &[&str]) -> std::process::Output {
+    Command::new(common::berth_bin())
+        .arg("--config")
+        .arg(cfg)
+        .args(args)
+        .env_remove("BERTH_DATA_DIR")
+        .output()
+        .expect("berth")
+}
+
 /// The commands other than `run` and `check` take only the config's values:
 /// a handler's program that is missing (being deployed), a missing `cwd`
 /// or no handler at all does not stop `queue list` or an `enqueue`; a value
@@ -466,15 +477,7 @@ fn a_config_that_cannot_work_is_refused_with_its_file_line_and_key() {
 fn commands_other_than_run_and_check_need_only_the_configs_values() {
     let root = tempdir();
     let cfg = root.path().join("berth.toml");
-    let berth_cfg = |args: &[&str]| {
-        Command::new(common::berth_bin())
-            .arg("--config")
-            .arg(&cfg)
-            .args(args)
-            .env_remove("BERTH_DATA_DIR")
-            .output()
-            .expect("berth")
-    };
+    let berth_cfg = |args: &[&str]| berth_cfg(&cfg, args);
     let enqueue = ["enqueue", "--queue", "main", "--kind", "K", "--name", "a"];
     for text in [
         "[handlers.K]\ncommand = [\"./hooks/not-yet.sh\"]\n",
@@ -688,15 +691,7 @@ fn before_a_daemon_runs_the_configs_parallel_queues_are_shown() {
         "parallel_queues = 3\n[handlers.K]\ncommand = [\"true\"]\n",
     )
     .expect("config");
-    let berth_cfg = |args: &[&str]| {
-        Command::new(common::berth_bin())
-            .arg("--config")
-            .arg(&cfg)
-            .args(args)
-            .env_remove("BERTH_DATA_DIR")
-            .output()
-            .expect("berth")
-    };
+    let berth_cfg = |args: &[&str]| berth_cfg(&cfg, args);
     let o = berth_cfg(&["enqueue", "--queue", "main", "--kind", "K", "--name", "a"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let queues = |o: &std::process::Output| -> Vec<String> {
