@@ -17,7 +17,7 @@ use super::{
     CODE_BUSY, CODE_INPUT, MAX_REQUEST, Response, parse_request, socket_path, write_within,
 };
 use crate::engine::Engine;
-use crate::ops::{self, Ctx};
+use crate::ops::{self, Access, Ctx, OpError};
 
 /// The control socket's limits. [`Limits::default`] is what `berth run`
 /// uses; README.md ("The control socket") states each of them.
@@ -684,10 +684,25 @@ fn take_lines(
 }
 
 fn respond(engine: &Engine, line: &[u8]) -> Response {
-    match parse_request(line) {
-        Ok(req) => ops::execute(&Ctx::daemon(engine, &engine.kinds()), req).into(),
-        Err(r) => r,
+    let req = match parse_request(line) {
+        Ok(req) => req,
+        Err(r) => return r,
+    };
+    let read = req.access() == Access::Read;
+    let answer = ops::execute(&Ctx::daemon(engine, &engine.kinds()), req);
+    // A read answers only once what it saw is on disk (`Store::flush_seen`):
+    // a change it shows cannot be lost after the client has seen it. (A
+    // change answers once durable by itself.)
+    if read
+        && answer.is_ok()
+        && let Err(e) = engine.store().flush_seen()
+    {
+        return Err::<serde_json::Value, _>(OpError::runtime(format!(
+            "the daemon could not make what this read shows durable: {e}"
+        )))
+        .into();
     }
+    answer.into()
 }
 
 /// Writes one answer line, all of it within `timeout`.
@@ -956,6 +971,57 @@ mod tests {
             took < Duration::from_secs(3),
             "the stop took {took:?} (linger 1s; the write timeout is 10s)"
         );
+    }
+
+    /// The engine publishes a step before its flush; a read through the
+    /// socket must not show it until it is on disk.
+    #[test]
+    fn a_read_answers_only_once_what_it_saw_is_durable() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(dir.path(), Options::default(), crate::clock::system())
+            .expect("open the store");
+        let engine = Engine::new(Arc::new(store), Handlers::new(), EngineConfig::default())
+            .expect("an engine");
+        let store = engine.store();
+        let commits = store.group_commit();
+        // A commit published and not waited for, as a step the engine has
+        // published while its flush is still to come.
+        let task = crate::task::TaskSpec {
+            queue: "main".into(),
+            kind: "K".into(),
+            name: "n".into(),
+            ..Default::default()
+        }
+        .into_task(store.clock().now_ms(), store.budget())
+        .expect("a task");
+        let mut w = store.write();
+        let id = w
+            .enqueue(task, Some(crate::store::Placement::Last))
+            .expect("enqueue");
+        let published = w.publish().expect("publish");
+        assert!(commits.pending(), "the commit waits for a flush");
+        let flushes = commits.flushes();
+
+        // A write's refusal is no read: it waits for nothing.
+        let refused = respond(&engine, br#"{"op":"task_remove","id":999}"#);
+        assert!(refused.error.is_some());
+        assert!(commits.pending());
+
+        let answer = respond(
+            &engine,
+            format!(r#"{{"op":"task_show","id":{id}}}"#).as_bytes(),
+        );
+        assert!(answer.error.is_none(), "{:?}", answer.error);
+        assert!(
+            !commits.pending(),
+            "the read showed task {id} while its enqueue was not yet on disk"
+        );
+        assert_eq!(commits.flushes(), flushes + 1);
+        published.wait().expect("durable");
+
+        // Nothing pending: a read costs no flush.
+        respond(&engine, br#"{"op":"queue_list"}"#);
+        assert_eq!(commits.flushes(), flushes + 1);
     }
 
     #[test]

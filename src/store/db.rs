@@ -406,6 +406,22 @@ impl Store {
         self.commit.wait_durable(ticket, || self.flush_now())
     }
 
+    /// In `sync` mode, makes every commit a reader may have seen so far
+    /// durable (see [`Store::flush`]): a daemon calls it before it answers
+    /// a read, so that nothing it shows (a task finished, an event logged)
+    /// can be undone by a crash or a power cut after the answer. The engine
+    /// publishes a step before its flush (pipelining), so without it a read
+    /// could show a step's outcome about one flush before it was on disk.
+    /// Costs nothing when every commit is durable already, else it joins the
+    /// flush under way. In `batched` mode it does nothing: there, reads and
+    /// acknowledgements alike may show what the last interval may lose.
+    pub fn flush_seen(&self) -> std::io::Result<()> {
+        match self.durability {
+            Durability::Sync => self.flush(),
+            Durability::Batched { .. } => Ok(()),
+        }
+    }
+
     /// Writes the data dir's high-water mark (see `high_mark`) for every
     /// commit made so far, once they are durable; nothing when the mark
     /// would not change, or the store writes none (opened to read, or not
