@@ -381,3 +381,72 @@ fn a_second_signal_exits_at_once_and_kills_what_the_handlers_started() {
     );
     assert_eq!(task_json(&d.dir, id)["status"], "running");
 }
+
+/// A stop whose grace period runs out stops what still runs at once
+/// (SIGKILL to the handler's process group) and records it then: the attempt
+/// `interrupted`, with what it printed and the time it really ran, and the
+/// task back at the head of its queue with one failure more. Before, the
+/// task stayed `running` until the next start, which logged the attempt
+/// without its output, as lasting until that start.
+#[test]
+fn a_grace_period_that_runs_out_records_what_still_ran_as_interrupted() {
+    let root = tempdir();
+    write_root(
+        root.path(),
+        "#!/bin/sh\necho \"working on $BERTH_TASK_NAME\"\nsleep 60 &\necho $! > grandchild.pid\nwait\n",
+        "data_dir = \"data\"\ngrace = \"1s\"\n[handlers.Sh]\ncommand = [\"./hook.sh\"]\ntimeout = \"60s\"\n",
+    );
+    let mut d = Daemon::start_in(root.path());
+    let id = enqueue(&d.dir, "held");
+    let behind = enqueue(&d.dir, "held");
+    let pid_file = root.path().join("grandchild.pid");
+    wait_for("the handler's child", || read_pid(&pid_file).is_some());
+    let pid = read_pid(&pid_file).expect("its pid");
+    d.signal(libc::SIGTERM);
+    // 1 s of grace, then at most `STOP_WAIT` (2 s) for the stopped handler.
+    let (status, _) = d.wait_exit(Duration::from_secs(20));
+    assert!(status.success(), "a stop by a signal exits 0: {status:?}");
+    wait_for("the handler's child to be killed", || !alive(pid));
+    let log = d.log_text();
+    for line in [
+        "grace period over; stopping the 1 task(s) still running at once",
+        &format!("task {id} Sh held in held stopped at the end of the grace period (attempt 1"),
+        "berth stopped: 0 succeeded, 0 failed attempts, 0 dead letters, 0 abandoned",
+    ] {
+        assert!(log.contains(line), "no {line:?} in:\n{log}");
+    }
+
+    // Recorded by the stop (this open is read-only: it recovers nothing).
+    let t = task_json(&d.dir, id);
+    assert_eq!(t["status"], "queued", "{t}");
+    assert_eq!(t["failures"], 1, "{t}");
+    assert_eq!(
+        t["last_failure"],
+        berth::engine::stop::STOPPED_AT_GRACE,
+        "{t}"
+    );
+    let o = berth(&d.dir, &["task", "log", &id.to_string(), "-o", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
+    let a = &j["attempts"][0];
+    assert_eq!(a["outcome"], "interrupted", "{j}");
+    assert_eq!(a["stdout"], "working on held\n", "{j}");
+    assert_eq!(a["signal"], libc::SIGKILL, "{j}");
+    // Stopped about 1 s after the signal, not at the next open.
+    let ms = a["duration_ms"].as_u64().expect("duration_ms");
+    assert!(ms < 10_000, "the attempt ran {ms} ms: {j}");
+    assert_eq!(task_json(&d.dir, behind)["attempts"], 0);
+
+    // The next start finds nothing to recover, and runs it again.
+    let again = Daemon::start_in(root.path());
+    assert!(
+        !again.log_text().contains("interrupted task(s) put back"),
+        "{}",
+        again.log_text()
+    );
+    wait_for("the second attempt", || {
+        task_json(&again.dir, id)["attempts"] == 2
+    });
+    // Still the head of its queue: the task behind it waits.
+    assert_eq!(task_json(&again.dir, behind)["attempts"], 0);
+}

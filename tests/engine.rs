@@ -1181,3 +1181,95 @@ fn a_group_left_half_placed_is_placed_on_from_where_it_stopped() {
     );
     assert_log_agrees(&s.store);
 }
+
+/// A stop whose grace period runs out asks what still runs to stop at once:
+/// a library handler that looks at `cancel_requested` returns, and its
+/// attempt is recorded `interrupted` by the stop (here two group children:
+/// each back in its queue with one failure more, the parent not finished);
+/// one that ignores the request is not waited for past `STOP_WAIT`, and
+/// stays `running` for the next open's recovery (`abandoned`).
+#[test]
+fn a_grace_period_that_runs_out_records_what_returns_and_abandons_the_rest() {
+    use berth::engine::stop::{STOP_WAIT, STOPPED_AT_GRACE};
+    use berth::store::AttemptOutcome;
+    use std::sync::atomic::AtomicBool;
+    let s = setup(FakeClock::new(T0));
+    let release = Arc::new(AtomicBool::new(false));
+    let mut h = Handlers::new();
+    h.register("Polite", |ctx: &TaskContext| {
+        wait_for("the stop", || ctx.cancel_requested());
+        Outcome::success()
+    });
+    let r = release.clone();
+    h.register("Deaf", move |_: &TaskContext| {
+        wait_for("the test to release the worker", || {
+            r.load(Ordering::SeqCst)
+        });
+        Outcome::success()
+    });
+    let cfg = EngineConfig {
+        grace: Duration::from_millis(100),
+        ..EngineConfig::default()
+    };
+    let e = engine(&s, h, cfg);
+    let kind = |k: &str, q: &str, n: &str| TaskSpec {
+        kind: k.into(),
+        ..spec(q, n)
+    };
+    let group = e
+        .enqueue_batch(
+            ["x", "y"]
+                .iter()
+                .map(|n| TaskSpec {
+                    weight: Some(1),
+                    ..kind("Polite", "a", n)
+                })
+                .collect(),
+        )
+        .unwrap()[0];
+    let children = s.store.task(group).unwrap().unwrap().children;
+    let deaf = e
+        .enqueue(kind("Deaf", "b", "deaf"), Placement::Last)
+        .unwrap();
+    let stop = e.stop_handle();
+    let (summary, took) = std::thread::scope(|sc| {
+        let runner = sc.spawn(|| e.run());
+        wait_for("every task to run", || {
+            std::iter::once(deaf)
+                .chain(children.iter().copied())
+                .all(|id| e.live_attempt(id).is_some())
+        });
+        let asked = std::time::Instant::now();
+        stop.stop();
+        let summary = runner.join().unwrap();
+        let took = asked.elapsed();
+        release.store(true, Ordering::SeqCst);
+        (summary.unwrap(), took)
+    });
+    assert_eq!(summary.abandoned, 1, "{summary:?}");
+    assert!(
+        took >= STOP_WAIT,
+        "the stop waited {took:?} for the handler that ignores it"
+    );
+    for &id in children.iter() {
+        let t = s.store.task(id).unwrap().unwrap();
+        assert_eq!(t.status, Status::Queued, "task {id}");
+        assert_eq!(t.failures, 1, "task {id}");
+        assert_eq!(t.last_failure.as_deref(), Some(STOPPED_AT_GRACE));
+        let logs = s.store.attempts(id).unwrap();
+        assert_eq!(logs.len(), 1, "task {id}");
+        assert_eq!(logs[0].outcome, AttemptOutcome::Interrupted, "task {id}");
+    }
+    assert!(
+        s.store.history_task(group).unwrap().is_none(),
+        "the parent waits for its children"
+    );
+    let d = s.store.task(deaf).unwrap().unwrap();
+    assert_eq!(
+        d.status,
+        Status::Running,
+        "left to the next open's recovery"
+    );
+    assert!(s.store.attempts(deaf).unwrap().is_empty());
+    assert_log_agrees(&s.store);
+}

@@ -524,7 +524,11 @@ fn pump(
     let mut exited_at: Option<Instant> = None;
     let mut kill_at: Option<Instant> = None;
     loop {
-        if kill_at.is_none() && live.cancel_requested() {
+        if live.stop_now_requested() {
+            // SIGKILL now (`Ended::Stopped` below kills the group).
+            let now = Instant::now();
+            kill_at = Some(kill_at.map_or(now, |k| k.min(now)));
+        } else if kill_at.is_none() && live.cancel_requested() {
             signal_group(pid, libc::SIGTERM);
             kill_at = Some(Instant::now() + grace);
         }
@@ -569,6 +573,10 @@ fn pump(
                 Some(fd) => fds.push(pollfd(fd, libc::POLLIN)),
                 None => wait = wait.min(TICK),
             }
+        } else {
+            // The cancel's descriptor stays readable: look for a stop at
+            // once (`LiveAttempt::stop_now`) on a tick instead.
+            wait = wait.min(TICK);
         }
         poll(&mut fds, wait);
     }

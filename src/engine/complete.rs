@@ -24,6 +24,7 @@ impl Scheduler {
         self.returned(&c.queue);
         self.live.end(c.id);
         let cancelled = self.cancels.stopping.remove(&c.id);
+        let stopped = self.stopped_at_grace.remove(&c.id);
         let now = w.now();
         if !w.exists(c.id) || !w.is_live(c.id)? {
             log::info!(
@@ -52,6 +53,10 @@ impl Scheduler {
                 self.parent_due(p, false);
             }
             return Ok(());
+        }
+        if stopped {
+            let log = log_of(AttemptOutcome::Interrupted);
+            return self.record_stopped(w, &task, &c, log);
         }
         let mut outcome = c.outcome;
         let follow = checked_follow_ups(&task, &mut outcome, now, env.budget);
@@ -159,7 +164,7 @@ impl Scheduler {
 
     /// Notes that a child of `parent` changed (`failed`: by a failed
     /// attempt); the parent is brought up to date by `settle_parents`.
-    fn parent_due(&mut self, parent: u64, failed: bool) {
+    pub(super) fn parent_due(&mut self, parent: u64, failed: bool) {
         *self.parents_due.entry(parent).or_default() += u32::from(failed);
     }
 

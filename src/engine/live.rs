@@ -82,6 +82,8 @@ impl Captured {
 #[derive(Debug, Default)]
 struct CancelSignal {
     raised: AtomicBool,
+    /// Raised with it by [`LiveAttempt::stop_now`]: no grace after SIGTERM.
+    now: AtomicBool,
     /// Made by the first `fd()`; `raise` and `fd` hold this lock, so a
     /// raise is never missed by a descriptor made meanwhile.
     fd: Mutex<Option<OwnedFd>>,
@@ -187,6 +189,20 @@ impl LiveAttempt {
     /// Asks the attempt to stop (`berth task cancel`).
     pub fn cancel(&self) {
         self.cancel.raise();
+    }
+
+    /// Asks the attempt to stop at once (a daemon's stop whose grace period
+    /// ran out): a command handler's process group gets SIGKILL, without
+    /// the grace a cancel gives it; a library handler sees
+    /// [`Self::cancel_requested`], as for a cancel.
+    pub fn stop_now(&self) {
+        self.cancel.now.store(true, Ordering::SeqCst);
+        self.cancel.raise();
+    }
+
+    /// Whether [`Self::stop_now`] was called.
+    pub fn stop_now_requested(&self) -> bool {
+        self.cancel.now.load(Ordering::SeqCst)
     }
 
     /// Whether the attempt was asked to stop. A library handler may look

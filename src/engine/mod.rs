@@ -17,6 +17,7 @@ pub mod pool;
 pub mod result_file;
 pub mod scheduler;
 pub mod status;
+pub mod stop;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -576,6 +577,7 @@ impl Engine {
     ) -> Result<RunSummary, WriteError> {
         let mut inbox = Inbox::default();
         let mut grace_end: Option<Instant> = None;
+        let mut stop_wait_end: Option<Instant> = None;
         let mut stuck = 0;
         if !self.recovery_noted.swap(true, Ordering::SeqCst) {
             let mut w = self.store.write();
@@ -646,7 +648,29 @@ impl Engine {
                 stuck = queued;
                 break;
             }
-            if !self.wait(sched, stopping, wake, grace_end, &mut inbox) {
+            // The grace period over: what still runs is stopped at once and
+            // given `STOP_WAIT` to return (see `stop.rs`); then the loop ends.
+            let deadline = match (grace_end, stop_wait_end) {
+                (_, Some(end)) if Instant::now() >= end => {
+                    log::warn!(
+                        "{} task(s) still running did not return; they are left to the recovery \
+                         of the next start",
+                        sched.in_flight()
+                    );
+                    break;
+                }
+                (Some(end), None) if Instant::now() >= end => {
+                    let n = sched.stop_running();
+                    log::warn!(
+                        "grace period over; stopping the {n} task(s) still running at once \
+                         (a command handler's process group gets SIGKILL)"
+                    );
+                    stop_wait_end = Some(Instant::now() + stop::STOP_WAIT);
+                    stop_wait_end
+                }
+                (end, wait_end) => wait_end.or(end),
+            };
+            if !self.wait(sched, stopping, wake, deadline, &mut inbox) {
                 break;
             }
         }
@@ -678,14 +702,14 @@ impl Engine {
 
     /// Waits for something to do: a completion or a wake-up message, the
     /// next queue's wake time, or at most [`POLL`]. With nothing running,
-    /// a fake clock skips to the wake time instead. False when the loop
-    /// must end: the grace period is over, or the channel is gone.
+    /// a fake clock skips to the wake time instead, or until `deadline`
+    /// (the stop's). False when the loop must end: the channel is gone.
     fn wait(
         &self,
         sched: &Scheduler,
         stopping: bool,
         wake: Option<u64>,
-        grace_end: Option<Instant>,
+        deadline: Option<Instant>,
         inbox: &mut Inbox,
     ) -> bool {
         let clock = self.store.clock();
@@ -700,16 +724,8 @@ impl Engine {
         let mut timeout = wake.map_or(POLL, |at| {
             Duration::from_millis(at.saturating_sub(now)).min(POLL)
         });
-        if let Some(end) = grace_end {
-            let left = end.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                log::warn!(
-                    "grace period over; {} task(s) still running are left to recovery",
-                    sched.in_flight()
-                );
-                return false;
-            }
-            timeout = timeout.min(left);
+        if let Some(end) = deadline {
+            timeout = timeout.min(end.saturating_duration_since(Instant::now()));
         }
         match self.rx.recv_timeout(timeout) {
             Ok(m) => self.collect(m, inbox),

@@ -23,6 +23,8 @@
 //!   group parent updates);
 //! - `cancel.rs`: `berth task cancel`: what ends at once, what is stopped
 //!   first, and the answers;
+//! - `stop.rs`: a stop whose grace period ran out: the attempts still
+//!   running stopped at once and recorded `interrupted`;
 //! - `attempt.rs`: the worker side of one attempt;
 //! - `live.rs`: the attempts running now (output so far, cancel signal).
 
@@ -164,6 +166,9 @@ pub struct Scheduler {
     /// list the next step goes on. Put back when a step fails
     /// (`placing_after_failure`), so no child is passed over.
     pub(super) placing: BTreeMap<u64, usize>,
+    /// Running tasks a stop whose grace period ran out asked to stop at
+    /// once (`stop.rs`): they end `interrupted` when they return.
+    pub(super) stopped_at_grace: BTreeSet<u64>,
 }
 
 /// What the scheduler needs from the engine for one step.
@@ -199,6 +204,7 @@ impl Scheduler {
             elsewhere: HashSet::new(),
             parents_due: BTreeMap::new(),
             placing: BTreeMap::new(),
+            stopped_at_grace: BTreeSet::new(),
         }
     }
 
