@@ -411,7 +411,7 @@ fn a_grace_period_that_runs_out_records_what_still_ran_as_interrupted() {
     for line in [
         "grace period over; stopping the 1 task(s) still running at once",
         &format!("task {id} Sh held in held stopped at the end of the grace period (attempt 1"),
-        "berth stopped: 0 succeeded, 0 failed attempts, 0 dead letters, 0 abandoned",
+        "berth stopped: 0 succeeded, 0 failed attempts, 0 dead letters, 1 interrupted, 0 abandoned",
     ] {
         assert!(log.contains(line), "no {line:?} in:\n{log}");
     }

@@ -1247,6 +1247,7 @@ fn a_grace_period_that_runs_out_records_what_returns_and_abandons_the_rest() {
         (summary.unwrap(), took)
     });
     assert_eq!(summary.abandoned, 1, "{summary:?}");
+    assert_eq!(summary.tally.interrupted, 2, "{summary:?}");
     assert!(
         took >= STOP_WAIT,
         "the stop waited {took:?} for the handler that ignores it"

@@ -488,10 +488,12 @@ fn finish(summary: RunSummary, until_idle: bool) -> Result<(), CliError> {
         log::warn!("killed {n} handler process group(s) still running after the grace period");
     }
     log::info!(
-        "berth stopped: {} succeeded, {} failed attempts, {} dead letters, {} abandoned",
+        "berth stopped: {} succeeded, {} failed attempts, {} dead letters, {} interrupted, {} \
+         abandoned",
         summary.tally.succeeded,
         summary.tally.failed_attempts,
         summary.tally.dead_letters,
+        summary.tally.interrupted,
         summary.abandoned
     );
     if summary.stuck > 0 {

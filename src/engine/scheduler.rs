@@ -142,6 +142,9 @@ pub struct Tally {
     pub succeeded: u64,
     pub failed_attempts: u64,
     pub dead_letters: u64,
+    /// Attempts a stop interrupted at the end of its grace period and
+    /// recorded (`engine/stop.rs`).
+    pub interrupted: u64,
 }
 
 pub struct Scheduler {

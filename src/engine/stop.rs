@@ -59,6 +59,7 @@ impl Scheduler {
             c.duration_ms,
         );
         debug_assert_eq!(log.outcome, AttemptOutcome::Interrupted);
+        self.tally.interrupted += 1;
         w.log_attempt(task.id, log)?;
         w.fail(task.id, STOPPED_AT_GRACE.to_string(), None)?;
         if let Some(p) = task.parent {
