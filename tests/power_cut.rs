@@ -169,8 +169,12 @@ fn listing(dir: &Path) -> String {
 /// that the log agrees with the state.
 fn check_survivors(dir: &Path, acked: &[u64]) {
     // What survived, as the cut left it (opening writes to it), kept for
-    // a look when the open fails.
-    let keep = std::env::temp_dir().join(format!("berth-power-cut-kept-{}", std::process::id()));
+    // a look when the open fails. One folder per call: the tests run side
+    // by side in one process.
+    static KEPT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = KEPT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let keep =
+        std::env::temp_dir().join(format!("berth-power-cut-kept-{}-{n}", std::process::id()));
     let _ = Command::new("cp").arg("-aL").arg(dir).arg(&keep).status();
     let store = Store::open(dir, Options::default(), berth::clock::system())
         .unwrap_or_else(|e| {
