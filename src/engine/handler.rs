@@ -29,9 +29,12 @@ pub struct TaskContext {
 }
 
 impl TaskContext {
-    /// Whether `berth task cancel` asked this attempt to stop. A library
-    /// handler that runs long may look at it and return early; whatever it
-    /// returns, the task then ends as `cancelled`.
+    /// Whether this attempt was asked to stop: by `berth task cancel`, or
+    /// by a daemon's stop whose grace period ran out. A library handler
+    /// that runs long may look at it and return early; whatever it returns,
+    /// the task then ends as `cancelled` (a cancel), or the attempt is
+    /// recorded `interrupted` and the task stays at the head of its queue,
+    /// to run again at the next start (a stop: see `engine::stop`).
     pub fn cancel_requested(&self) -> bool {
         self.live.cancel_requested()
     }
