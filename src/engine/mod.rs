@@ -597,8 +597,8 @@ impl Engine {
             paused = self.space_check(paused);
             if stopping && grace_end.is_none() {
                 log::info!(
-                    "stopping: no new tasks start; waiting up to {:?} for {} running",
-                    self.config.grace,
+                    "stopping: no new tasks start; waiting up to {} for {} running",
+                    crate::units::format_duration(self.config.grace),
                     sched.in_flight()
                 );
                 grace_end = Some(Instant::now() + self.config.grace);
