@@ -9,7 +9,7 @@
 use crate::budget::Budget;
 use crate::engine::handler::{FollowUpAt, Outcome, REPEAT_INTERVAL, RunResult};
 use crate::engine::live::Captured;
-use crate::engine::scheduler::{Completion, LOG_TARGET, Scheduler, StepEnv};
+use crate::engine::scheduler::{Completion, LOG_TARGET, Named, Scheduler, StepEnv};
 use crate::store::{AttemptLog, AttemptOutcome, OutputTail, Placement, WriteError, WriteTxn};
 use crate::task::{Status, Task};
 
@@ -39,11 +39,8 @@ impl Scheduler {
         if cancelled {
             log::info!(
                 target: LOG_TARGET,
-                "task {} {} {} in {} ended (attempt {}, {} ms): cancelled",
-                task.id,
-                task.kind,
-                task.name,
-                task.queue,
+                "{} ended (attempt {}, {} ms): cancelled",
+                Named(&task),
                 task.attempts,
                 c.duration_ms,
             );
@@ -62,11 +59,8 @@ impl Scheduler {
         let follow = checked_follow_ups(&task, &mut outcome, now, env.budget);
         log::info!(
             target: LOG_TARGET,
-            "task {} {} {} in {} ended (attempt {}, {} ms): {}",
-            task.id,
-            task.kind,
-            task.name,
-            task.queue,
+            "{} ended (attempt {}, {} ms): {}",
+            Named(&task),
             task.attempts,
             c.duration_ms,
             outcome_word(&outcome.result)

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::engine::attempt;
 use crate::engine::pool::Job;
-use crate::engine::scheduler::{LOG_TARGET, LiveActivity, Running, Scheduler, StepEnv};
+use crate::engine::scheduler::{LOG_TARGET, LiveActivity, Named, Running, Scheduler, StepEnv};
 use crate::engine::status::QueueActivity;
 use crate::queues::parallel_queue;
 use crate::store::{Placement, WriteError, WriteTxn};
@@ -249,11 +249,8 @@ impl Scheduler {
         self.in_flight += 1;
         log::info!(
             target: LOG_TARGET,
-            "task {} {} {} in {} started (attempt {})",
-            task.id,
-            task.kind,
-            task.name,
-            task.queue,
+            "{} started (attempt {})",
+            Named(&task),
             task.attempts
         );
         let live = self.live.start(task.id, task.attempts, now);

@@ -47,6 +47,16 @@ use crate::store::WriteError;
 /// not depend on the file layout.
 pub(super) const LOG_TARGET: &str = module_path!();
 
+/// How the engine's log lines name a task: `task 7 Sh build in main`.
+pub(super) struct Named<'a>(pub &'a crate::task::Task);
+
+impl std::fmt::Display for Named<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let t = self.0;
+        write!(f, "task {} {} {} in {}", t.id, t.kind, t.name, t.queue)
+    }
+}
+
 /// A finished attempt, sent back from a worker.
 #[derive(Debug)]
 pub struct Completion {

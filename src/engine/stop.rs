@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use crate::engine::scheduler::{Completion, LOG_TARGET, Scheduler};
+use crate::engine::scheduler::{Completion, LOG_TARGET, Named, Scheduler};
 use crate::store::{AttemptOutcome, WriteError, WriteTxn};
 use crate::task::Task;
 
@@ -49,12 +49,9 @@ impl Scheduler {
     ) -> Result<(), WriteError> {
         log::warn!(
             target: LOG_TARGET,
-            "task {} {} {} in {} stopped at the end of the grace period (attempt {}, {} ms): \
-             back at the head of its queue",
-            task.id,
-            task.kind,
-            task.name,
-            task.queue,
+            "{} stopped at the end of the grace period (attempt {}, {} ms): back at the head of \
+             its queue",
+            Named(task),
             task.attempts,
             c.duration_ms,
         );
