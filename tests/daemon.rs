@@ -436,6 +436,16 @@ fn a_grace_period_that_runs_out_records_what_still_ran_as_interrupted() {
     let ms = a["duration_ms"].as_u64().expect("duration_ms");
     assert!(ms < 10_000, "the attempt ran {ms} ms: {j}");
     assert_eq!(task_json(&d.dir, behind)["attempts"], 0);
+    // The metrics count it as a failed attempt, with the time it ran.
+    let o = berth(&d.dir, &["metrics"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let m = stdout(&o);
+    for line in [
+        "berth_attempts_total{kind=\"Sh\",outcome=\"failed\"} 1\n",
+        "berth_attempt_duration_seconds_count{kind=\"Sh\"} 1\n",
+    ] {
+        assert!(m.contains(line), "no {line:?} in:\n{m}");
+    }
 
     // The next start finds nothing to recover, and runs it again.
     let again = Daemon::start_in(root.path());

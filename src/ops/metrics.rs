@@ -217,7 +217,8 @@ fn counted_attempts(out: &mut Vec<Family>, counts: &Counts) {
     let mut f = Family::counter(
         "berth_attempts_total",
         "Attempts that ended, by kind and outcome: succeeded, failed (also attempts a restart \
-         found interrupted), requeued (asked to repeat or to be kept).",
+         found interrupted, and those a stop interrupted at the end of its grace period), \
+         requeued (asked to repeat or to be kept).",
     );
     for (kind, c) in counts {
         for (outcome, name) in [

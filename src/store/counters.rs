@@ -102,7 +102,8 @@ pub const MERGED: &str = "merged";
 /// Attempts started.
 pub const STARTED: &str = "started";
 /// Attempts that ended: `attempt.succeeded`, `attempt.failed` (also those
-/// a restart found interrupted), `attempt.requeued` (repeat or keep).
+/// a restart found interrupted, and those a stop interrupted at the end of
+/// its grace period), `attempt.requeued` (repeat or keep).
 pub const ATTEMPT_SUCCEEDED: &str = "attempt.succeeded";
 pub const ATTEMPT_FAILED: &str = "attempt.failed";
 pub const ATTEMPT_REQUEUED: &str = "attempt.requeued";
@@ -112,7 +113,8 @@ pub const FINISHED: &str = "finished.";
 pub const REMOVED: &str = "removed";
 pub const RETRIED: &str = "retried";
 /// Attempt durations: from start to its end, for attempts that ended while
-/// the process ran (not those a restart found interrupted).
+/// the process ran (those a stop interrupted too; not those a restart
+/// found interrupted).
 pub const ATTEMPT_MS: &str = "attempt_ms";
 /// The wait of a task from its enqueue to its first start.
 pub const WAIT_MS: &str = "wait_ms";
