@@ -146,8 +146,8 @@ fn start_engine(config: &Config) -> Result<Engine, CliError> {
 }
 
 /// SIGTERM, SIGINT and SIGHUP stop the engine; a second one exits at once,
-/// with code 1, after killing the process groups of the handlers still
-/// running (their first processes would die with berth by their death
+/// with code 1, after freezing the store (nothing is written after it) and
+/// killing the process groups of the handlers still running (their first processes would die with berth by their death
 /// signal, but not what they started in their group). (SIGHUP too: a
 /// closed terminal or session must not kill the daemon like a crash, its
 /// default action, but stop it like SIGTERM.) The signals are read on a
@@ -156,6 +156,9 @@ fn start_engine(config: &Config) -> Result<Engine, CliError> {
 fn install_signals(engine: &Engine) -> Result<(), CliError> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     let stop = engine.stop_handle();
+    // Weak: the signal thread lives on, and must not keep the store from
+    // closing (its last flush) at the end of a normal stop.
+    let store = std::sync::Arc::downgrade(engine.store());
     let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])
         .map_err(|e| CliError::runtime(format!("installing signal handlers: {e}")))?;
     std::thread::Builder::new()
@@ -167,17 +170,29 @@ fn install_signals(engine: &Engine) -> Result<(), CliError> {
                     stop.stop();
                     continue;
                 }
+                // Nothing is written after this: the attempts the kill
+                // ends are left `running`, for the next start's recovery.
+                let frozen = store.upgrade().is_none_or(|s| s.freeze(FREEZE_PATIENCE));
                 let n = berth::engine::command::kill_running();
                 log::warn!(
                     "a second signal ({}): exiting at once; killed {n} handler process group(s) still running",
                     signal_name(sig)
                 );
+                if !frozen {
+                    log::warn!(
+                        "a write was still under way after {FREEZE_PATIENCE:?}; exiting without waiting for it"
+                    );
+                }
                 std::process::exit(1);
             }
         })
         .map_err(|e| CliError::runtime(format!("starting the signal thread: {e}")))?;
     Ok(())
 }
+
+/// How long a second signal waits for a write under way before it exits
+/// (`Store::freeze`).
+const FREEZE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
 
 fn signal_name(sig: i32) -> &'static str {
     match sig {

@@ -204,6 +204,36 @@ impl Store {
         }
     }
 
+    /// Stops every later write, for a process about to exit at once: takes
+    /// the write lock (which every transaction holds from its start to its
+    /// publish) and never gives it back. A daemon's second signal calls it
+    /// before it kills the running handlers, so that no attempt ended by
+    /// that kill is recorded as if its handler had failed: the next start
+    /// finds those tasks `running`, as after a crash. A transaction open
+    /// now finishes first; if one is still open after `patience` (a write
+    /// stuck in sled), it gives up and returns false.
+    pub fn freeze(&self, patience: std::time::Duration) -> bool {
+        let end = std::time::Instant::now() + patience;
+        loop {
+            match self.inner.try_lock() {
+                Ok(guard) => {
+                    std::mem::forget(guard);
+                    return true;
+                }
+                Err(std::sync::TryLockError::Poisoned(p)) => {
+                    std::mem::forget(p.into_inner());
+                    return true;
+                }
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    if std::time::Instant::now() >= end {
+                        return false;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+        }
+    }
+
     pub(crate) fn lock_inner(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -1079,6 +1109,30 @@ impl AtRest<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `freeze` waits for the transaction under way (and gives up after its
+    /// patience), then holds the write lock for good: no transaction can
+    /// start, so nothing more is written.
+    #[test]
+    fn a_frozen_store_starts_no_transaction() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let clock = Arc::new(crate::clock::FakeClock::new(1_800_000_000_000));
+        let s = Store::open(dir.path(), Options::default(), clock).expect("open");
+        let open = s.write();
+        assert!(
+            !s.freeze(Duration::from_millis(20)),
+            "a transaction is open"
+        );
+        drop(open);
+        assert!(s.freeze(Duration::from_secs(5)));
+        assert!(
+            matches!(s.inner.try_lock(), Err(std::sync::TryLockError::WouldBlock)),
+            "a transaction could start"
+        );
+        // Its close would wait for the lock: a frozen store is only left
+        // behind by a process that exits.
+        std::mem::forget(s);
+    }
 
     /// A sled checkpoint deletes only the write-ahead segments whose
     /// records the applier has written to the tree: a record still in the
