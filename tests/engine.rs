@@ -40,6 +40,27 @@ fn engine(s: &Setup, h: Handlers, cfg: EngineConfig) -> Engine {
     Engine::new(s.store.clone(), h, cfg).unwrap()
 }
 
+/// A task of kind `k` in queue `q`, named `n`.
+fn kind(k: &str, q: &str, n: &str) -> TaskSpec {
+    TaskSpec {
+        kind: k.into(),
+        ..spec(q, n)
+    }
+}
+
+/// Enqueues one task of kind `k` in queue `q` per name, all of one weight:
+/// one group. Returns its parent.
+fn group(e: &Engine, k: &str, q: &str, names: &[&str]) -> u64 {
+    let specs = names
+        .iter()
+        .map(|n| TaskSpec {
+            weight: Some(1),
+            ..kind(k, q, n)
+        })
+        .collect();
+    e.enqueue_batch(specs).unwrap()[0]
+}
+
 /// A log of (task name, attempt, time) per run.
 type Runs = Arc<Mutex<Vec<(String, u32, u64)>>>;
 
@@ -778,10 +799,6 @@ fn every_attempt_is_logged_and_a_library_handler_sees_a_cancel() {
         ..EngineConfig::default()
     };
     let e = engine(&s, h, cfg);
-    let kind = |k: &str, q: &str, n: &str| TaskSpec {
-        kind: k.into(),
-        ..spec(q, n)
-    };
     let ok = e.enqueue(kind("Ok", "a", "ok"), Placement::Last).unwrap();
     let fail = e
         .enqueue(kind("Fail", "b", "fail"), Placement::Last)
@@ -864,10 +881,6 @@ fn a_cancel_ends_a_task_no_worker_has_taken_without_waiting_for_one() {
         ..EngineConfig::default()
     };
     let e = engine(&s, h, cfg);
-    let kind = |k: &str, q: &str, n: &str| TaskSpec {
-        kind: k.into(),
-        ..spec(q, n)
-    };
     let block = e
         .enqueue(kind("Block", "a", "block"), Placement::Last)
         .unwrap();
@@ -891,17 +904,7 @@ fn a_cancel_ends_a_task_no_worker_has_taken_without_waiting_for_one() {
         let single = e
             .enqueue(kind("Ok", "b", "single"), Placement::Last)
             .unwrap();
-        let group = e
-            .enqueue_batch(
-                ["x", "y"]
-                    .iter()
-                    .map(|n| TaskSpec {
-                        weight: Some(1),
-                        ..kind("Ok", "c", n)
-                    })
-                    .collect(),
-            )
-            .unwrap()[0];
+        let group = group(&e, "Ok", "c", &["x", "y"]);
         let children = s.store.task(group).unwrap().unwrap().children;
         wait_for("every task to be started", || {
             std::iter::once(single)
@@ -1212,21 +1215,7 @@ fn a_grace_period_that_runs_out_records_what_returns_and_abandons_the_rest() {
         ..EngineConfig::default()
     };
     let e = engine(&s, h, cfg);
-    let kind = |k: &str, q: &str, n: &str| TaskSpec {
-        kind: k.into(),
-        ..spec(q, n)
-    };
-    let group = e
-        .enqueue_batch(
-            ["x", "y"]
-                .iter()
-                .map(|n| TaskSpec {
-                    weight: Some(1),
-                    ..kind("Polite", "a", n)
-                })
-                .collect(),
-        )
-        .unwrap()[0];
+    let group = group(&e, "Polite", "a", &["x", "y"]);
     let children = s.store.task(group).unwrap().unwrap().children;
     let deaf = e
         .enqueue(kind("Deaf", "b", "deaf"), Placement::Last)
