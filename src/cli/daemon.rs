@@ -147,12 +147,12 @@ fn start_engine(config: &Config) -> Result<Engine, CliError> {
 
 /// SIGTERM, SIGINT and SIGHUP stop the engine; a second one exits at once,
 /// with code 1, after freezing the store (nothing is written after it) and
-/// killing the process groups of the handlers still running (their first processes would die with berth by their death
-/// signal, but not what they started in their group). (SIGHUP too: a
-/// closed terminal or session must not kill the daemon like a crash, its
-/// default action, but stop it like SIGTERM.) The signals are read on a
-/// thread of their own, not in a signal handler, so that a second one can
-/// do that work.
+/// killing the process groups of the handlers still running (their first
+/// processes would die with berth by their death signal, but not what they
+/// started in their group). (SIGHUP too: a closed terminal or session must
+/// not kill the daemon like a crash, its default action, but stop it like
+/// SIGTERM.) The signals are read on a thread of their own, not in a signal
+/// handler, so that a second one can do that work.
 fn install_signals(engine: &Engine) -> Result<(), CliError> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     let stop = engine.stop_handle();

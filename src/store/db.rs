@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -212,7 +212,7 @@ impl Store {
     /// finds those tasks `running`, as after a crash. A transaction open
     /// now finishes first; if one is still open after `patience` (a write
     /// stuck in sled), it gives up and returns false.
-    pub fn freeze(&self, patience: std::time::Duration) -> bool {
+    pub fn freeze(&self, patience: Duration) -> bool {
         let end = std::time::Instant::now() + patience;
         loop {
             match self.inner.try_lock() {
@@ -220,15 +220,15 @@ impl Store {
                     std::mem::forget(guard);
                     return true;
                 }
-                Err(std::sync::TryLockError::Poisoned(p)) => {
+                Err(TryLockError::Poisoned(p)) => {
                     std::mem::forget(p.into_inner());
                     return true;
                 }
-                Err(std::sync::TryLockError::WouldBlock) => {
+                Err(TryLockError::WouldBlock) => {
                     if std::time::Instant::now() >= end {
                         return false;
                     }
-                    std::thread::sleep(std::time::Duration::from_millis(1));
+                    std::thread::sleep(Duration::from_millis(1));
                 }
             }
         }
@@ -1126,7 +1126,7 @@ mod tests {
         drop(open);
         assert!(s.freeze(Duration::from_secs(5)));
         assert!(
-            matches!(s.inner.try_lock(), Err(std::sync::TryLockError::WouldBlock)),
+            matches!(s.inner.try_lock(), Err(TryLockError::WouldBlock)),
             "a transaction could start"
         );
         // Its close would wait for the lock: a frozen store is only left
