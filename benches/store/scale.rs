@@ -1,14 +1,18 @@
 //! A million queued tasks: what a batch enqueue, an open and `queue list`
 //! cost at that scale, and how much disk the tasks take.
 //!
-//! All the figures come from ONE data dir, built once under the system temp
-//! dir (set TMPDIR to measure another disk) and removed at the end:
+//! The figures come from one data dir, built under the system temp dir (set
+//! TMPDIR to measure another disk) three times over (one at a time, each
+//! removed before the next is built; `BERTH_BENCH_SCALE_BUILDS` sets how
+//! many): the enqueue figures are those of the build whose flatness is the
+//! median, the others are measured on the last build's data dir, removed at
+//! the end. A data dir holds
 //! 1,000,000 queued no-op tasks (kind `Noop`, payload `{"i": i}`, name
 //! `task-{i}`), ALL in queue `main`, so that `queue list` shows one queue of
 //! a million tasks. They are enqueued with `berth::submit::enqueue_batch` in
 //! batches of 10,000 on a store opened with `Durability::Sync` and the
 //! power-safe default options; each batch is timed (building its specs is
-//! not). Then the store is closed and:
+//! not). Then the store is closed, and:
 //!
 //! - `enqueue_batch_1m_first_100k`, `enqueue_batch_1m_last_100k` (tasks/s):
 //!   the rate of the first and of the last 10 batches;
@@ -88,6 +92,8 @@ pub const NAMES: [&str; 12] = [
 /// Tasks in the data dir, and per `enqueue_batch`.
 const TASKS: usize = 1_000_000;
 const BATCH: usize = 10_000;
+/// Builds of the data dir whose median flatness is reported.
+const BUILDS: usize = 3;
 /// Batches in the first and in the last window of the flatness figure.
 const WINDOW_BATCHES: usize = 10;
 /// Parallel queues of the engine the open child builds.
@@ -113,6 +119,21 @@ fn tasks() -> usize {
             n
         }
         Err(_) => TASKS,
+    }
+}
+
+/// How many times the data dir is built: `BERTH_BENCH_SCALE_BUILDS`, 3 by
+/// default (a single build's flatness varies by about 0.1 from run to run).
+fn builds() -> usize {
+    match std::env::var("BERTH_BENCH_SCALE_BUILDS") {
+        Ok(v) => {
+            let b: usize = v
+                .parse()
+                .unwrap_or_else(|e| panic!("BERTH_BENCH_SCALE_BUILDS={v:?}: {e}"));
+            assert!(b >= 1, "BERTH_BENCH_SCALE_BUILDS={b}: must be at least 1");
+            b
+        }
+        Err(_) => BUILDS,
     }
 }
 
@@ -184,16 +205,26 @@ fn vm_hwm_kib(pid: &str) -> Option<i64> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
-/// Builds the data dir and prints the figures `want` selects.
-pub fn run(want: &dyn Fn(&str) -> bool) {
-    let n = tasks();
-    let dir = tempfile::tempdir().expect("creating a temp dir");
-    let batches = build(dir.path(), n);
+/// What one build's batch times say about the batch enqueue.
+struct Windows {
+    first: f64,
+    last: f64,
+    second: f64,
+}
 
+impl Windows {
+    fn flatness(&self) -> f64 {
+        self.last / self.first
+    }
+}
+
+/// The rates of one build's first, second and last windows, with every
+/// window's rate and the first batches' times on stderr.
+fn windows(build: usize, batches: &[f64]) -> Windows {
     let window = WINDOW_BATCHES.min(batches.len() / 10).max(1);
     let rate = |b: &[f64]| (b.len() * BATCH) as f64 / b.iter().sum::<f64>();
     eprintln!(
-        "scale: tasks/s by window of {} batches: {:?}",
+        "scale: build {build}: tasks/s by window of {} batches: {:?}",
         window,
         batches
             .chunks(window)
@@ -204,7 +235,7 @@ pub fn run(want: &dyn Fn(&str) -> bool) {
     // comes from (the first batch finds the overlay empty; the next few
     // write to a tree small enough for sled's cache and the CPU's).
     eprintln!(
-        "scale: ms per batch, first {}: {:?}",
+        "scale: build {build}: ms per batch, first {}: {:?}",
         batches.len().min(2 * WINDOW_BATCHES),
         batches
             .iter()
@@ -212,23 +243,55 @@ pub fn run(want: &dyn Fn(&str) -> bool) {
             .map(|b| (b * 1000.0).round() as u64)
             .collect::<Vec<_>>()
     );
-    let first = rate(&batches[..window]);
-    let last = rate(&batches[batches.len() - window..]);
+    Windows {
+        first: rate(&batches[..window]),
+        last: rate(&batches[batches.len() - window..]),
+        second: rate(&batches[window..(2 * window).min(batches.len())]),
+    }
+}
+
+/// Builds the data dir [`builds`] times and prints the figures `want`
+/// selects: the window figures of the build whose flatness is the median,
+/// the others measured on the last build's data dir.
+pub fn run(want: &dyn Fn(&str) -> bool) {
+    let n = tasks();
+    let builds = builds();
+    let mut runs = Vec::with_capacity(builds);
+    let mut dir = None;
+    for b in 1..=builds {
+        // The build before is removed first: one data dir on disk at a time.
+        drop(dir.take());
+        let d = tempfile::tempdir().expect("creating a temp dir");
+        runs.push(windows(b, &build(d.path(), n)));
+        dir = Some(d);
+    }
+    let dir = dir.expect("at least one build");
+    runs.sort_by(|a, b| a.flatness().total_cmp(&b.flatness()));
+    eprintln!(
+        "scale: enqueue_batch_1m_flatness of the {builds} builds: {:?}",
+        runs.iter()
+            .map(|r| (r.flatness() * 100.0).round() / 100.0)
+            .collect::<Vec<_>>()
+    );
+    let median = &runs[runs.len() / 2];
     if want("enqueue_batch_1m_first_100k") {
-        figure("enqueue_batch_1m_first_100k", first, "tasks/s");
+        figure("enqueue_batch_1m_first_100k", median.first, "tasks/s");
     }
     if want("enqueue_batch_1m_last_100k") {
-        figure("enqueue_batch_1m_last_100k", last, "tasks/s");
+        figure("enqueue_batch_1m_last_100k", median.last, "tasks/s");
     }
     if want("enqueue_batch_1m_flatness") {
-        figure("enqueue_batch_1m_flatness", last / first, "x");
+        figure("enqueue_batch_1m_flatness", median.flatness(), "x");
     }
-    let second = rate(&batches[window..(2 * window).min(batches.len())]);
     if want("enqueue_batch_1m_second_100k") {
-        figure("enqueue_batch_1m_second_100k", second, "tasks/s");
+        figure("enqueue_batch_1m_second_100k", median.second, "tasks/s");
     }
     if want("enqueue_batch_1m_flatness_after_first") {
-        figure("enqueue_batch_1m_flatness_after_first", last / second, "x");
+        figure(
+            "enqueue_batch_1m_flatness_after_first",
+            median.last / median.second,
+            "x",
+        );
     }
     if want("data_dir_1m_mib") {
         figure(
