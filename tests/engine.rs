@@ -850,15 +850,13 @@ fn every_attempt_is_logged_and_a_library_handler_sees_a_cancel() {
     assert_log_agrees(&s.store);
 }
 
-/// A task started while every worker is busy waits for one in the pool. A
-/// cancel then takes its job back and ends it at once, `cancelled`, without
-/// its handler ever running and without waiting for the busy worker; a
-/// group's children waiting so end the same way while its running child is
-/// asked to stop. The busy handler is released only after both cancels
+/// A task whose queue waits for a worker (every worker is busy) is still
+/// queued: a cancel ends it at once, `cancelled`, without its handler ever
+/// running and without waiting for the busy worker; so does a group whose
+/// children wait so. The busy handler is released only after both cancels
 /// were answered, so neither answer can have waited for it.
 #[test]
-fn a_cancel_ends_a_task_no_worker_has_taken_without_waiting_for_one() {
-    use berth::store::AttemptOutcome;
+fn a_cancel_ends_a_task_waiting_for_a_worker_without_waiting_for_one() {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     let s = setup(FakeClock::new(T0));
     let release = Arc::new(AtomicBool::new(false));
@@ -906,11 +904,17 @@ fn a_cancel_ends_a_task_no_worker_has_taken_without_waiting_for_one() {
             .unwrap();
         let group = group(&e, "Ok", "c", &["x", "y"]);
         let children = s.store.task(group).unwrap().unwrap().children;
-        wait_for("every task to be started", || {
-            std::iter::once(single)
-                .chain(children.iter().copied())
-                .all(|id| s.store.task(id).unwrap().unwrap().status == Status::Running)
+        wait_for("the group's children to be placed", || {
+            children.iter().all(|id| {
+                let t = s.store.task(*id).unwrap().unwrap();
+                t.queue.starts_with("parallel_queue_") && t.status == Status::Queued
+            })
         });
+        assert_eq!(
+            s.store.task(single).unwrap().unwrap().status,
+            Status::Queued,
+            "no worker is free"
+        );
         assert_eq!(e.cancel(single).unwrap(), vec![single]);
         let mut want = children.to_vec();
         want.push(group);
@@ -928,9 +932,8 @@ fn a_cancel_ends_a_task_no_worker_has_taken_without_waiting_for_one() {
     for id in std::iter::once(single).chain(children.iter().copied()) {
         let t = s.store.task(id).unwrap().unwrap();
         assert_eq!(t.status, Status::Cancelled, "task {id}");
-        let logs = s.store.attempts(id).unwrap();
-        assert_eq!(logs.len(), 1, "task {id}");
-        assert_eq!(logs[0].outcome, AttemptOutcome::Cancelled, "task {id}");
+        assert_eq!(t.attempts, 0, "task {id} never started");
+        assert!(s.store.attempts(id).unwrap().is_empty(), "task {id}");
     }
     assert_eq!(
         s.store.task(group).unwrap().unwrap().status,
@@ -943,12 +946,12 @@ fn a_cancel_ends_a_task_no_worker_has_taken_without_waiting_for_one() {
     assert_log_agrees(&s.store);
 }
 
-/// An attempt starts when a worker takes it: two tasks started in one step
-/// with one worker, each handler taking 5 s (of the fake clock), are logged
-/// as starting 5 s apart, the second's wait for the worker not counted as
-/// its run.
+/// An attempt starts when a worker is free to take it: with one worker, of
+/// two queues ready in the same step only one starts, and the other starts
+/// when that attempt has ended (each handler takes 5 s of the fake clock);
+/// each attempt's log begins at its task's start.
 #[test]
-fn an_attempt_waiting_for_a_worker_is_logged_from_when_its_handler_began() {
+fn a_ready_queue_starts_its_head_only_when_a_worker_is_free() {
     let s = setup(FakeClock::new(T0));
     let mut h = Handlers::new();
     let clock = s.clock.clone();
@@ -976,21 +979,22 @@ fn an_attempt_waiting_for_a_worker_is_logged_from_when_its_handler_began() {
         .collect();
     let sum = e.run_until_idle().unwrap();
     assert_eq!(sum.tally.succeeded, 2);
-    let mut logs: Vec<_> = ids
+    let mut starts: Vec<_> = ids
         .iter()
         .map(|id| {
             let t = s.store.task(*id).unwrap().unwrap();
-            assert_eq!(t.started_at, Some(T0), "both started in the first step");
             let l = s.store.attempts(*id).unwrap();
             assert_eq!(l.len(), 1);
-            (l[0].started_at, l[0].ended_at)
+            assert_eq!(Some(l[0].started_at), t.started_at, "task {id}");
+            (t.started_at, t.finished_at)
         })
         .collect();
-    logs.sort();
-    assert_eq!(logs[0].0, T0, "{logs:?}");
-    assert!(
-        logs[1].0 >= T0 + 5_000,
-        "the second began after the first's 5 s: {logs:?}"
+    starts.sort();
+    assert_eq!(starts[0], (Some(T0), Some(T0 + 5_000)), "{starts:?}");
+    assert_eq!(
+        starts[1],
+        (Some(T0 + 5_000), Some(T0 + 10_000)),
+        "the second started when the first had ended: {starts:?}"
     );
     assert_log_agrees(&s.store);
 }
@@ -1261,5 +1265,107 @@ fn a_grace_period_that_runs_out_records_what_returns_and_abandons_the_rest() {
         "left to the next open's recovery"
     );
     assert!(s.store.attempts(deaf).unwrap().is_empty());
+    assert_log_agrees(&s.store);
+}
+
+/// With fewer workers than ready queues, no more attempts start than there
+/// are workers (a task is `running` only while a worker runs it), and the
+/// ready queues take the free workers in turn.
+#[test]
+fn no_more_attempts_start_than_there_are_workers_and_ready_queues_take_turns() {
+    let s = setup(FakeClock::new(T0));
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut h = Handlers::new();
+    let (o, store) = (order.clone(), s.store.clone());
+    h.register("Rec", move |ctx: &TaskContext| {
+        let running: Vec<String> = store
+            .live_tasks()
+            .into_iter()
+            .map(Result::unwrap)
+            .filter(|t| t.status == Status::Running)
+            .map(|t| t.name)
+            .collect();
+        o.lock().unwrap().push((ctx.task.name.clone(), running));
+        Outcome::success()
+    });
+    let cfg = EngineConfig {
+        workers: 1,
+        ..EngineConfig::default()
+    };
+    let e = engine(&s, h, cfg);
+    for q in ["qa", "qb", "qc"] {
+        for n in 1..=2 {
+            e.enqueue(kind("Rec", q, &format!("{q}{n}")), Placement::Last)
+                .unwrap();
+        }
+    }
+    let summary = e.run_until_idle().unwrap();
+    assert_eq!(summary.tally.succeeded, 6);
+    let order = order.lock().unwrap();
+    for (name, running) in order.iter() {
+        assert_eq!(
+            running,
+            &vec![name.clone()],
+            "while {name} ran, the store's running tasks"
+        );
+    }
+    let names: Vec<&str> = order.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["qa1", "qb1", "qc1", "qa2", "qb2", "qc2"]);
+    assert_log_agrees(&s.store);
+}
+
+/// A stop whose grace period runs out stops and records only the attempts
+/// that workers ran: a ready task that waited for a worker was never
+/// started, so it keeps its place with no attempt and no failure.
+#[test]
+fn a_grace_period_that_runs_out_charges_nothing_to_tasks_that_waited_for_a_worker() {
+    use berth::store::AttemptOutcome;
+    let s = setup(FakeClock::new(T0));
+    let mut h = Handlers::new();
+    h.register("Polite", |ctx: &TaskContext| {
+        wait_for("the stop", || ctx.cancel_requested());
+        Outcome::success()
+    });
+    let cfg = EngineConfig {
+        workers: 1,
+        grace: Duration::from_millis(100),
+        ..EngineConfig::default()
+    };
+    let e = engine(&s, h, cfg);
+    let ids: Vec<u64> = ["qa", "qb", "qc"]
+        .iter()
+        .map(|q| {
+            e.enqueue(kind("Polite", q, &format!("{q}1")), Placement::Last)
+                .unwrap()
+        })
+        .collect();
+    let stop = e.stop_handle();
+    let summary = std::thread::scope(|sc| {
+        let runner = sc.spawn(|| e.run());
+        wait_for("a task to run", || {
+            ids.iter().any(|id| e.live_attempt(*id).is_some())
+        });
+        stop.stop();
+        runner.join().unwrap().unwrap()
+    });
+    assert_eq!(summary.tally.interrupted, 1, "{summary:?}");
+    assert_eq!(summary.abandoned, 0, "{summary:?}");
+    let (mut ran, mut waited) = (0, 0);
+    for &id in &ids {
+        let t = s.store.task(id).unwrap().unwrap();
+        assert_eq!(t.status, Status::Queued, "task {id}");
+        let logs = s.store.attempts(id).unwrap();
+        if t.attempts == 0 {
+            waited += 1;
+            assert_eq!(t.failures, 0, "task {id} never ran");
+            assert!(logs.is_empty(), "task {id} never ran: {logs:?}");
+        } else {
+            ran += 1;
+            assert_eq!(t.failures, 1, "task {id}");
+            assert_eq!(logs.len(), 1, "task {id}");
+            assert_eq!(logs[0].outcome, AttemptOutcome::Interrupted);
+        }
+    }
+    assert_eq!((ran, waited), (1, 2));
     assert_log_agrees(&s.store);
 }

@@ -3,8 +3,9 @@
 //! task's handler is asked to stop (its `LiveAttempt`'s cancel signal: a
 //! command handler's process group gets SIGTERM, then SIGKILL after its
 //! grace), and it ends `cancelled` when its attempt returns
-//! (`complete.rs`); an attempt no worker has taken yet (all were busy) is
-//! taken back instead (`take_back`) and ends `cancelled` in the same step,
+//! (`complete.rs`); an attempt no worker has taken yet (handed to the pool
+//! in the step before, a worker free for it but not there yet) is taken
+//! back instead (`take_back`) and ends `cancelled` in the same step,
 //! without waiting for a worker; a group parent ends once no child is live
 //! (`update_parent`). Each request is answered once its task has left the
 //! live tasks and the step that did it is durable.
@@ -98,8 +99,9 @@ impl Scheduler {
         Ok(None)
     }
 
-    /// A running task whose job no worker has taken yet (every worker was
-    /// busy): the job is taken back (its pickup flag claimed first, so no
+    /// A running task whose job no worker has taken yet (a step starts an
+    /// attempt only for a free worker, but that worker may not have come
+    /// for it yet): the job is taken back (its pickup flag claimed first, so no
     /// worker runs it: `attempt.rs`) and the attempt ends here, `cancelled`
     /// in this step, as it would have when a worker took it, instead of
     /// waiting for a worker to be free.

@@ -252,11 +252,10 @@ fn follow_up_placement(task: &Task, t: &Task, at: FollowUpAt) -> Placement {
     }
 }
 
-/// An attempt's log, from the task as it was when the attempt ended.
-/// An attempt's log. It started when its handler began (`began_at`: a
-/// worker took it, which may be later than the task's start when every
-/// worker was busy), or, if it never ran, when it ended; never before the
-/// task's start or after now.
+/// An attempt's log, from the task as it was when the attempt ended. It
+/// started when its handler began (`began_at`: a worker took it, a moment
+/// after the task's start), or, if it never ran, when it ended; never
+/// before the task's start or after now.
 fn attempt_log(
     task: &Task,
     now: u64,

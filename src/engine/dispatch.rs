@@ -31,6 +31,22 @@ impl Scheduler {
     ) -> Result<Vec<Job>, WriteError> {
         let now = w.now();
         let mut jobs = Vec::new();
+        // An attempt starts only when a worker is free to run it, so that a
+        // task is `running` only while a worker runs it.
+        let mut free = env.config.worker_count().saturating_sub(self.in_flight);
+        // Since when each queue that waited for a worker has waited; a queue
+        // shows it only while it still does (its head may have gone).
+        let waited: BTreeMap<String, u64> = self
+            .queues
+            .iter_mut()
+            .filter_map(|(name, q)| match q.activity_after {
+                Some(QueueActivity::WaitingForWorker { since_ms }) => {
+                    q.activity_after = None;
+                    Some((name.clone(), since_ms))
+                }
+                _ => None,
+            })
+            .collect();
         // The next chunk of each group being placed (once per step).
         for parent in self.placing.keys().copied().collect::<Vec<_>>() {
             self.place_children(w, env, parent)?;
@@ -40,21 +56,32 @@ impl Scheduler {
         // this step rather than at the next wake-up (up to 100 ms later).
         loop {
             let mut grouped = false;
-            for (name, _) in w.queues() {
+            for name in self.in_turn(w.queues()) {
                 let Some(task) = self.ready_head(w, &name, now)? else {
                     continue;
                 };
                 let q = self.queue(&name);
-                let repeating = q.activity_after == Some(QueueActivity::Repeat);
-                q.activity_after = None;
                 if !task.children.is_empty() {
+                    // A group parent runs no handler: it needs no worker.
+                    q.activity_after = None;
                     self.dispatch_group(w, env, &task, now)?;
                     grouped = true;
                     continue;
                 }
+                if free == 0 {
+                    if q.activity_after != Some(QueueActivity::Repeat) {
+                        let since_ms = waited.get(&name).copied().unwrap_or(now);
+                        q.activity_after = Some(QueueActivity::WaitingForWorker { since_ms });
+                    }
+                    continue;
+                }
+                let repeating = q.activity_after == Some(QueueActivity::Repeat);
+                q.activity_after = None;
                 w.start(task.id)?;
                 let task = w.task(task.id)?.clone();
                 jobs.push(self.hand_out(env, task, now, repeating));
+                free -= 1;
+                self.last_started = Some(name);
             }
             if !grouped {
                 break;
@@ -232,6 +259,19 @@ impl Scheduler {
             self.update_parent(w, parent, 0)?;
         }
         Ok(())
+    }
+
+    /// The queues of `queues` (non-empty, in name order) in the order they
+    /// take free workers: from the one after the queue that last started an
+    /// attempt, round to it, so that with fewer workers than ready queues
+    /// every ready queue gets a worker in turn.
+    fn in_turn(&self, queues: Vec<(String, usize)>) -> Vec<String> {
+        let mut names: Vec<String> = queues.into_iter().map(|(n, _)| n).collect();
+        if let Some(last) = &self.last_started {
+            let after = names.partition_point(|n| n <= last);
+            names.rotate_left(after);
+        }
+        names
     }
 
     /// Marks `task`, just started in `w`, as its queue's running head, and

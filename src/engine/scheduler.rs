@@ -7,8 +7,9 @@
 //!
 //! Invariants kept here: a queue runs at most its head task (its first task
 //! for this node: tasks for other nodes keep their places and are passed
-//! over, see `routing`); a failed head
-//! stays at the head until its retry time; a repeating head starts at most
+//! over, see `routing`); at most `workers` attempts run at once, an attempt
+//! starting only for a free worker, and ready queues take free workers in
+//! turn; a failed head stays at the head until its retry time; a repeating head starts at most
 //! once per `REPEAT_INTERVAL`; a group parent's queue waits for
 //! every child; a finished task leaves its queue in the same write that
 //! records how it finished.
@@ -182,6 +183,9 @@ pub struct Scheduler {
     /// Running tasks a stop whose grace period ran out asked to stop at
     /// once (`stop.rs`): they end `interrupted` when they return.
     pub(super) stopped_at_grace: BTreeSet<u64>,
+    /// The queue that last started an attempt: the next step offers free
+    /// workers to the queues after it first (`dispatch.rs` `in_turn`).
+    pub(super) last_started: Option<String>,
 }
 
 /// What the scheduler needs from the engine for one step.
@@ -218,6 +222,7 @@ impl Scheduler {
             parents_due: BTreeMap::new(),
             placing: BTreeMap::new(),
             stopped_at_grace: BTreeSet::new(),
+            last_started: None,
         }
     }
 

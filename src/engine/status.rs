@@ -11,7 +11,9 @@ pub enum QueueActivity {
     Idle,
     /// The head task's handler runs (or a group parent's children run).
     Running,
-    /// The head task is handed to the pool but no worker has picked it up.
+    /// The head task is ready but every worker is busy (it starts when one
+    /// is free), or it is handed to the pool and no worker has picked it up
+    /// yet.
     WaitingForWorker { since_ms: u64 },
     /// The head failed and waits for its retry.
     SleepAfterFail { until_ms: u64, total_ms: u64 },

@@ -28,8 +28,7 @@ pub struct AttemptLog {
     /// 1 for the first attempt (`BERTH_ATTEMPT`, the task's `attempts`).
     pub attempt: u32,
     /// Milliseconds since the epoch: when the attempt's handler began (a
-    /// worker took it: its `started` event, or later when every worker was
-    /// busy); for an attempt that never ran (cancelled before a worker
+    /// worker took it: its `started` event, or a moment later); for an attempt that never ran (cancelled before a worker
     /// took it), when it ended; for an interrupted one, its `started`
     /// event.
     pub started_at: u64,
