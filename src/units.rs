@@ -160,26 +160,68 @@ pub fn format_age(ms: u64, now_ms: u64) -> String {
     }
 }
 
-/// A time as people write it: RFC 3339 (`2026-11-30T12:00:00Z`, also
-/// without the `T` or the zone, which then means UTC), milliseconds since
-/// the epoch, or a duration meaning that long before `now_ms` (`90m`, `2h`).
+/// A time as people write it: RFC 3339 (`2026-11-30T12:00:00Z`, or with an
+/// offset, `2026-11-30T13:00:00+01:00`; also without the `T`, or without a
+/// zone, which then means UTC), milliseconds since the epoch, or a duration
+/// meaning that long before `now_ms` (`90m`, `2h`).
 pub fn parse_time(text: &str, now_ms: u64) -> Result<u64, String> {
     let text = text.trim();
     if let Ok(ms) = text.parse::<u64>() {
         return Ok(ms);
     }
-    if let Ok(t) = humantime::parse_rfc3339_weak(text) {
-        return t
+    let before_1970 = || format!("'{text}' is before 1970, where berth's times begin");
+    let (local, offset_ms) = split_offset(text);
+    if let Ok(t) = humantime::parse_rfc3339_weak(local) {
+        let ms = t
             .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .map_err(|_| format!("'{text}' is before 1970"));
+            .map_err(|_| before_1970())?
+            .as_millis() as i64;
+        return u64::try_from(ms - offset_ms).map_err(|_| before_1970());
+    }
+    if local.len() >= 5
+        && local.as_bytes()[4] == b'-'
+        && local[..4].parse::<u32>().is_ok_and(|year| year < 1970)
+    {
+        return Err(before_1970());
     }
     match humantime::parse_duration(text) {
         Ok(d) => Ok(now_ms.saturating_sub(d.as_millis() as u64)),
         Err(_) => Err(format!(
-            "'{text}' is not a time (expected RFC 3339 such as 2026-11-30T12:00:00Z, \
-             or a duration ago such as 90m)"
+            "'{text}' is not a time (expected RFC 3339 such as 2026-11-30T12:00:00Z or \
+             2026-11-30T13:00:00+01:00, or a duration ago such as 90m)"
         )),
+    }
+}
+
+/// A date and time without its RFC 3339 numeric offset (`+01:00`,
+/// `-03:30`), and that offset in milliseconds (east of UTC is positive);
+/// the text whole and 0 when it ends in no such offset.
+fn split_offset(text: &str) -> (&str, i64) {
+    let b = text.as_bytes();
+    let n = b.len();
+    // The date (10 bytes), a `T` or space, and at least `HH:MM`, before it.
+    if n < 6 + 16 || !b.is_ascii() {
+        return (text, 0);
+    }
+    let (local, zone) = text.split_at(n - 6);
+    let z = zone.as_bytes();
+    let digits = |r: std::ops::Range<usize>| {
+        z[r.clone()]
+            .iter()
+            .all(u8::is_ascii_digit)
+            .then(|| zone[r].parse::<i64>().ok())
+            .flatten()
+    };
+    let sign = match z[0] {
+        b'+' => 1,
+        b'-' => -1,
+        _ => return (text, 0),
+    };
+    match (digits(1..3), z[3], digits(4..6)) {
+        (Some(h), b':', Some(m)) if h < 24 && m < 60 && matches!(b[10], b'T' | b't' | b' ') => {
+            (local, sign * (h * 60 + m) * 60_000)
+        }
+        _ => (text, 0),
     }
 }
 
@@ -197,6 +239,33 @@ mod tests {
         assert_eq!(parse_time("2026-11-30 12:00:00", 0), Ok(1_796_040_000_000));
         assert_eq!(parse_time("90m", 10_000_000), Ok(10_000_000 - 5_400_000));
         assert_eq!(parse_time("1796040000250", 0), Ok(1_796_040_000_250));
+        // An offset is applied, with or without a fraction of a second.
+        for t in [
+            "2026-11-30T13:00:00.250+01:00",
+            "2026-11-30T13:00:00.250+01:00 ",
+            "2026-11-30T08:30:00.250-03:30",
+            "2026-11-30 12:00:00.250+00:00",
+            "2026-11-30T12:00:00.250-00:00",
+        ] {
+            assert_eq!(parse_time(t, 0), Ok(1_796_040_000_250), "{t}");
+        }
+        assert_eq!(
+            parse_time("2026-11-30T13:00:00+01:00", 0),
+            Ok(1_796_040_000_000)
+        );
+        for bad in ["2026-11-30T13:00:00+24:00", "2026-11-30T13:00:00+01:60"] {
+            assert!(
+                parse_time(bad, 0).unwrap_err().contains("not a time"),
+                "{bad}"
+            );
+        }
+        for old in ["1900-01-01T00:00:00Z", "1970-01-01T00:30:00+01:00"] {
+            assert!(
+                parse_time(old, 0).unwrap_err().contains("before 1970"),
+                "{old}: {:?}",
+                parse_time(old, 0)
+            );
+        }
         assert!(
             parse_time("yesterday", 0)
                 .unwrap_err()
