@@ -1079,3 +1079,24 @@ fn a_failed_backup_is_logged_and_tried_again_and_the_daemon_goes_on() {
     let (status, _) = d.wait_exit(Duration::from_secs(20));
     assert!(status.success(), "{status}");
 }
+
+/// A request names the export file to import by an absolute path, as it
+/// names the file to export to: a relative one would be read from wherever
+/// the daemon runs. It is refused as bad input, and nothing changes.
+#[test]
+fn an_import_request_with_a_relative_path_is_refused() {
+    use berth::ops::{Class, Ctx, Request, execute};
+    let dir = tempdir();
+    let store = Store::open(dir.path(), Options::default(), berth::clock::system()).unwrap();
+    let e = execute(
+        &Ctx::direct(Some(&store), None),
+        Request::Import {
+            path: PathBuf::from("a.bex"),
+            label: None,
+        },
+    )
+    .unwrap_err();
+    assert_eq!(e.class, Class::Input, "{e:?}");
+    assert_eq!(e.message, "a.bex: the export file's path must be absolute");
+    assert!(store.live_tasks().is_empty(), "nothing was imported");
+}

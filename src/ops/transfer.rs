@@ -449,6 +449,14 @@ fn waits_for_parent<'a>(e: &Exported, by_id: &HashMap<u64, &'a Exported>) -> Opt
 /// `{"tasks", "first", "last", "ids": {"OLD": NEW, ...}}`.
 pub fn import(ctx: &Ctx<'_>, path: &Path, label: Option<&str>) -> Result<Value, OpError> {
     let name = label.map_or_else(|| path.display().to_string(), str::to_string);
+    // As for an export: a relative path would be read from wherever the
+    // daemon runs, not from where the client is.
+    if !path.is_absolute() {
+        return Err(OpError::input(format!(
+            "{}: the export file's path must be absolute",
+            path.display()
+        )));
+    }
     let export = read_export(path, &name)?;
     let store = ctx
         .store
