@@ -96,7 +96,8 @@ pub fn write_segment(
 
 /// Writes a file of this layout (with its own `magic`; `checkpoint.rs`
 /// uses it too) as `dir/name`, durably: a temporary name, fsync, rename,
-/// fsync of the folder.
+/// fsync of the folder. The folder is made if missing, mode 0700 as every
+/// folder of a data dir.
 pub(crate) fn write_file(
     dir: &Path,
     name: &str,
@@ -105,7 +106,7 @@ pub(crate) fn write_file(
     last_seq: u64,
     records: &[Vec<u8>],
 ) -> io::Result<PathBuf> {
-    fs::create_dir_all(dir)?;
+    crate::store::private_dir(dir)?;
     let raw = frame::pack(records);
     let packed = frame::compress(&raw, LEVEL)?;
     let mut out = Vec::with_capacity(HEADER + packed.len() + 4);
@@ -328,6 +329,20 @@ mod tests {
             }],
             writes: Vec::new(),
         })
+    }
+
+    #[test]
+    fn the_folder_a_file_goes_to_is_private_whatever_the_umask() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let folder = dir.path().join("archive");
+        let mode = || fs::metadata(&folder).unwrap().permissions().mode() & 0o7777;
+        write_segment(&folder, 5, 5, &[record(5)]).unwrap();
+        assert_eq!(mode(), 0o700);
+        // One an older build made with the umask is made private too.
+        fs::set_permissions(&folder, fs::Permissions::from_mode(0o755)).unwrap();
+        write_segment(&folder, 6, 6, &[record(6)]).unwrap();
+        assert_eq!(mode(), 0o700);
     }
 
     #[test]

@@ -13,6 +13,8 @@ pub mod durability;
 mod error;
 pub mod event;
 mod files;
+/// For the folders beside the store (`archive/`, `checkpoints/`).
+pub(crate) use files::private_dir;
 mod health;
 mod high_mark;
 pub mod keys;
