@@ -831,6 +831,18 @@ impl Ctx<'_> {
                 if argv.get_ref().is_empty() {
                     return Err(self.err(Some(argv.span()), &key, "the command must not be empty"));
                 }
+                // It would fail every attempt ("cannot start"); refuse it here.
+                if let Some(i) = argv.get_ref().iter().position(|a| a.contains('\0')) {
+                    let why = match i {
+                        0 => "the program's name contains a NUL byte, which a process cannot take"
+                            .to_string(),
+                        i => format!(
+                            "argument {i} contains a NUL byte, which a process's arguments cannot \
+                             hold"
+                        ),
+                    };
+                    return Err(self.err(Some(argv.span()), &key, why));
+                }
                 let resolved = resolve_argv(base, argv.get_ref());
                 if self.on_this_machine
                     && let Err(why) = runnable(&resolved[0])
@@ -1112,6 +1124,24 @@ env = { HELM_NAMESPACE = "d8" }
         let c = parse(&format!("{HANDLER}env = {{ A = \"\", B_2 = \"x=y\" }}\n")).unwrap();
         assert_eq!(c.handlers["X"].run.env["A"], "");
         assert_eq!(c.handlers["X"].run.env["B_2"], "x=y");
+    }
+
+    #[test]
+    fn a_handler_command_that_no_process_can_take_is_refused() {
+        for (command, expected) in [
+            (
+                "[\"true\", \"a\\u0000b\"]",
+                "2: key handlers.X.command: argument 1 contains a NUL byte",
+            ),
+            (
+                "[\"tr\\u0000ue\"]",
+                "2: key handlers.X.command: the program's name contains a NUL byte",
+            ),
+        ] {
+            assert_error(&format!("[handlers.X]\ncommand = {command}\n"), expected);
+        }
+        let pre = "[handlers.X]\ncommand = [\"true\"]\npre = [\"true\", \"\\u0000\"]\n";
+        assert_error(pre, "3: key handlers.X.pre: argument 1 contains a NUL byte");
     }
 
     #[test]
