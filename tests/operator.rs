@@ -242,6 +242,59 @@ fn follow_prints_the_running_attempts_output_as_it_comes_and_exits_when_it_ends(
     assert_verify(&data);
 }
 
+/// `--follow -o json`: the running attempt's output as `stream` lines, and
+/// what it printed after the last poll too, before the attempt's record:
+/// each byte once, whether it came live or from the record.
+#[test]
+fn follow_in_json_streams_every_byte_once_then_the_record() {
+    let (root, data) = root();
+    let daemon = Daemon::start_in(root.path());
+    let id = enqueue(&data, "main", "Steps", "steps");
+    let mut follower = Command::new(common::berth_bin())
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["task", "log", &id.to_string(), "--follow", "-o", "json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("berth task log --follow -o json");
+    let (tx, lines) = mpsc::channel();
+    let out = follower.stdout.take().expect("stdout");
+    std::thread::spawn(move || common::forward_lines(out, tx));
+    let err = common::read_in_background(follower.stderr.take().expect("stderr"));
+    let mut got: Vec<serde_json::Value> = Vec::new();
+    let mut next = |what: &str| {
+        let l = lines
+            .recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|_| panic!("no line {what} within 20 s"));
+        let v: serde_json::Value = serde_json::from_str(&l).expect("a JSON line");
+        got.push(v.clone());
+        v
+    };
+    assert_eq!(next("running")["running"], true);
+    assert_eq!(next("step 1")["text"], "step 1\n");
+    // Then the handler goes on and ends at once, most often between two
+    // polls: the rest of its output is in the record.
+    std::fs::write(root.path().join(format!("go.{id}")), "").expect("go");
+    while let Ok(l) = lines.recv_timeout(Duration::from_secs(20)) {
+        got.push(serde_json::from_str(&l).expect("a JSON line"));
+    }
+    let code = follower.wait().expect("wait").code();
+    assert_eq!(code, Some(0), "{}", err.join().unwrap_or_default());
+    let text = |name: &str| -> String {
+        got.iter()
+            .filter(|v| v["stream"] == name)
+            .map(|v| v["text"].as_str().unwrap_or_default())
+            .collect()
+    };
+    assert_eq!(text("stdout"), "step 1\nstep 2\nstep 3\n", "{got:?}");
+    assert_eq!(text("stderr"), "almost\n", "{got:?}");
+    let last = got.last().expect("a record");
+    assert_eq!(last["outcome"], "succeeded", "{got:?}");
+    drop(daemon);
+    assert_verify(&data);
+}
+
 #[test]
 fn cancel_stops_a_running_handler_and_its_process_group_and_the_queue_moves_on() {
     let (root, data) = root();

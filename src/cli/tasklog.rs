@@ -134,10 +134,9 @@ impl Follower<'_> {
     fn record(&mut self, a: &Value) -> Result<(), CliError> {
         let n = a["attempt"].as_u64().unwrap_or(0);
         self.printed = self.printed.max(n);
-        if self.json {
-            self.current = None;
-            return self.print(&format!("{}\n", attempt_view::user_json(a)));
-        }
+        let json = self
+            .json
+            .then(|| format!("{}\n", attempt_view::user_json(a)));
         match self.current.take() {
             Some(mut c) if c.attempt == n => {
                 for (i, name) in ["stdout", "stderr"].into_iter().enumerate() {
@@ -149,10 +148,16 @@ impl Follower<'_> {
                     let text = self.missed(&s, from, &mut c.carry[i]);
                     self.stream_part(&mut c, name, &text)?;
                 }
+                if let Some(line) = json {
+                    return self.print(&line);
+                }
                 self.end_line()?;
                 self.print(&attempt_view::header(a))
             }
             _ => {
+                if let Some(line) = json {
+                    return self.print(&line);
+                }
                 self.end_line()?;
                 self.print(&attempt_view::text(a))
             }
