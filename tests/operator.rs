@@ -271,7 +271,8 @@ fn follow_in_json_streams_every_byte_once_then_the_record() {
         got.push(v.clone());
         v
     };
-    assert_eq!(next("running")["running"], true);
+    let running = next("running");
+    assert_eq!(running["running"], true);
     assert_eq!(next("step 1")["text"], "step 1\n");
     // Then the handler goes on and ends at once, most often between two
     // polls: the rest of its output is in the record.
@@ -291,6 +292,10 @@ fn follow_in_json_streams_every_byte_once_then_the_record() {
     assert_eq!(text("stderr"), "almost\n", "{got:?}");
     let last = got.last().expect("a record");
     assert_eq!(last["outcome"], "succeeded", "{got:?}");
+    assert_eq!(
+        last["started_at"], running["started_at"],
+        "the running line and the record give one start"
+    );
     drop(daemon);
     assert_verify(&data);
 }

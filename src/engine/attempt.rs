@@ -47,6 +47,7 @@ pub(super) fn job(
             (Outcome::fail(NOT_STARTED), None)
         } else {
             let began = clock.now_ms();
+            live.began(began);
             (
                 run(&handlers, &budget, node, task, live.clone()),
                 Some(began),

@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use base64::Engine as _;
@@ -142,8 +142,12 @@ impl CancelSignal {
 pub struct LiveAttempt {
     pub id: u64,
     pub attempt: u32,
-    /// When it started (its `started` event), ms since the epoch.
-    pub started_at: u64,
+    /// When it started, ms since the epoch: its `started` event, then,
+    /// once a worker has taken it, when its handler began (as its attempt
+    /// log will say).
+    started_at: AtomicU64,
+    /// A worker has taken it ([`Self::began`]).
+    begun: AtomicBool,
     captured: Mutex<Captured>,
     cancel: CancelSignal,
 }
@@ -153,7 +157,8 @@ impl LiveAttempt {
         LiveAttempt {
             id,
             attempt,
-            started_at,
+            started_at: AtomicU64::new(started_at),
+            begun: AtomicBool::new(false),
             captured: Mutex::new(Captured::default()),
             cancel: CancelSignal::default(),
         }
@@ -161,6 +166,22 @@ impl LiveAttempt {
 
     fn lock(&self) -> MutexGuard<'_, Captured> {
         self.captured.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// When it started (see the field), ms since the epoch.
+    pub fn started_at(&self) -> u64 {
+        self.started_at.load(Ordering::SeqCst)
+    }
+
+    /// A worker took it and its handler begins at `at`.
+    pub fn began(&self, at: u64) {
+        self.started_at.fetch_max(at, Ordering::SeqCst);
+        self.begun.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether a worker has taken it: its handler runs (or has run).
+    pub fn has_begun(&self) -> bool {
+        self.begun.load(Ordering::SeqCst)
     }
 
     /// Appends bytes the attempt printed on stdout.
@@ -227,7 +248,7 @@ impl LiveAttempt {
         };
         json!({
             "attempt": self.attempt,
-            "started_at": self.started_at,
+            "started_at": self.started_at(),
             "stdout": part(&c.stdout, stdout_from),
             "stderr": part(&c.stderr, stderr_from),
         })

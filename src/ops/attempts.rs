@@ -55,13 +55,19 @@ pub fn task_output(
     let task = store.task(id)?.ok_or_else(|| no_task(id))?;
     let finished = store.live_task(id)?.is_none();
     let last_logged = store.attempt_numbers(id)?.last().copied();
-    let live = ctx.engine.and_then(|e| e.live_attempt(id)).map(|a| {
-        if attempt == Some(a.attempt) {
-            a.output_json(stdout_from, stderr_from)
-        } else {
-            a.output_json(0, 0)
-        }
-    });
+    // An attempt no worker has taken yet has printed nothing, and its start
+    // is not yet its handler's.
+    let live = ctx
+        .engine
+        .and_then(|e| e.live_attempt(id))
+        .filter(|a| a.has_begun())
+        .map(|a| {
+            if attempt == Some(a.attempt) {
+                a.output_json(stdout_from, stderr_from)
+            } else {
+                a.output_json(0, 0)
+            }
+        });
     Ok(json!({
         "daemon": ctx.engine.is_some(),
         "status": task.status.as_str(),
