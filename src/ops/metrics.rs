@@ -104,7 +104,7 @@ fn daemon(out: &mut Vec<Family>, ctx: &Ctx<'_>) {
     let flushes = engine.store().flush_stats();
     let mut f = Family::histogram(
         "berth_store_flush_duration_seconds",
-        "How long each flush of the store took (the write-ahead log's write and fdatasync), since the daemon started.",
+        "How long each flush of the store took since the daemon started: the write-ahead log's write and fdatasync, or, with write_ahead_log = false, sled's flush and berth's fsyncs.",
     );
     f.add_histogram(
         &[],

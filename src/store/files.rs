@@ -140,8 +140,9 @@ pub(crate) fn check_not_lost(dir: &Path) -> Result<(), Damage> {
         (false, _, _) => Some(format!("its database folder {} is missing", db.display())),
         (true, None, _) => Some(format!("{} is missing", db.join("conf").display())),
         // sled treats a conf of 8 bytes or less as absent.
+        (true, Some(0), _) => Some(format!("{} is empty (0 bytes)", db.join("conf").display())),
         (true, Some(n), _) if n <= 8 => Some(format!(
-            "{} is empty ({n} bytes)",
+            "{} is cut short ({n} bytes, too few to hold a config)",
             db.join("conf").display()
         )),
         (true, _, None) => Some(format!("{} is missing", db.join("db").display())),
@@ -585,6 +586,21 @@ mod tests {
             panic!("an empty db/db was accepted");
         };
         assert!(what.ends_with("db/db is empty (0 bytes)"), "{what}");
+        fs::write(db.join("db"), b"x").unwrap();
+        // sled reads a conf of 8 bytes or less as none.
+        for (conf, said) in [
+            (&b""[..], "db/conf is empty (0 bytes)"),
+            (
+                &b"garbage"[..],
+                "db/conf is cut short (7 bytes, too few to hold a config)",
+            ),
+        ] {
+            fs::write(db.join("conf"), conf).unwrap();
+            let Err(Damage::Lost(what)) = check_not_lost(dir.path()) else {
+                panic!("a conf of {} bytes was accepted", conf.len());
+            };
+            assert!(what.ends_with(said), "{what}");
+        }
         fs::remove_dir_all(&db).unwrap();
         let Err(Damage::Lost(what)) = check_not_lost(dir.path()) else {
             panic!("a missing db/ was accepted");
