@@ -4,6 +4,8 @@ mod common;
 
 use common::{assert_text_eq, berth, stderr, stdout, tempdir};
 use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Command;
 
 #[test]
 fn enqueue_prints_the_id_and_queue_list_shows_the_order() {
@@ -284,6 +286,49 @@ fn refused_changes_leave_every_file_of_the_data_dir_as_it_was() {
     let o = berth(&d, &["task", "cancel", &a_s]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(common::task_json(&d, a)["status"], "cancelled");
+}
+
+/// A first enqueue refused for disk space (a reserve larger than any disk
+/// here) creates no data dir: the folders it made are taken away, and an
+/// empty folder is left empty, with its mode. A data dir that exists keeps
+/// every file as it was.
+#[test]
+fn an_enqueue_refused_for_space_creates_no_data_dir() {
+    let dir = tempdir();
+    let cfg = dir.path().join("berth.toml");
+    std::fs::write(&cfg, "[disk]\nreserve = \"100000000GiB\"\n").unwrap();
+    let enqueue = |d: &Path| {
+        Command::new(common::berth_bin())
+            .arg("--config")
+            .arg(&cfg)
+            .arg("--data-dir")
+            .arg(d)
+            .args(["enqueue", "--queue", "main", "--kind", "K", "--name", "b"])
+            .output()
+            .expect("berth enqueue")
+    };
+    let none = dir.path().join("a/b/data");
+    common::assert_refused(&enqueue(&none), 1, "not enough disk space in");
+    assert!(
+        !dir.path().join("a").exists(),
+        "a refused enqueue created {}",
+        none.display()
+    );
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    std::fs::set_permissions(&empty, std::fs::Permissions::from_mode(0o755)).unwrap();
+    common::assert_refused(&enqueue(&empty), 1, "not enough disk space in");
+    assert_eq!(std::fs::read_dir(&empty).unwrap().count(), 0);
+    assert_eq!(
+        std::fs::metadata(&empty).unwrap().permissions().mode() & 0o777,
+        0o755
+    );
+    let d = dir.path().join("data");
+    let a = common::enqueue_id(&d, &["--queue", "main", "--kind", "K", "--name", "a"]);
+    let before = common::file_hashes(&d);
+    common::assert_refused(&enqueue(&d), 1, "not enough disk space in");
+    assert_eq!(common::file_hashes(&d), before);
+    assert_eq!(common::task_json(&d, a)["status"], "queued");
 }
 
 #[test]

@@ -11,7 +11,7 @@ use berth::config::Config;
 use berth::control::{self, CallError};
 use berth::ops::{self, Access, Ctx, OpError, Request};
 use berth::store::order::OrderError;
-use berth::store::{OpenError, Options, Role, Store, WriteError};
+use berth::store::{Discard, OpenError, Options, Role, Store, WriteError};
 use serde_json::Value;
 
 use super::CliError;
@@ -23,6 +23,56 @@ enum Answer {
     Daemon(Result<Value, OpError>),
     /// No daemon: the data dir, opened here.
     Here(Box<Store>),
+}
+
+/// What opening a data dir that is not one yet makes, to take away again
+/// when its first write is refused: the folders that did not exist (the
+/// topmost of them, `whole`), or what was made in an empty folder.
+struct Fresh {
+    path: PathBuf,
+    whole: bool,
+    mode: Option<u32>,
+}
+
+impl Fresh {
+    /// None when `dir` is a data dir already (or holds other files, which
+    /// the open refuses).
+    fn of(dir: &Path) -> Option<Fresh> {
+        if let Ok(mut entries) = std::fs::read_dir(dir) {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(dir)
+                .ok()
+                .map(|m| m.permissions().mode() & 0o7777);
+            return entries.next().is_none().then(|| Fresh {
+                path: dir.to_path_buf(),
+                whole: false,
+                mode,
+            });
+        }
+        if std::fs::symlink_metadata(dir).is_ok() {
+            return None; // not a folder: the open says so
+        }
+        let mut top = dir;
+        while let Some(parent) = top.parent() {
+            if parent.as_os_str().is_empty() || std::fs::symlink_metadata(parent).is_ok() {
+                break;
+            }
+            top = parent;
+        }
+        Some(Fresh {
+            path: top.to_path_buf(),
+            whole: true,
+            mode: None,
+        })
+    }
+
+    fn into_discard(self) -> Discard {
+        Discard {
+            path: self.path,
+            whole: self.whole,
+            mode: self.mode,
+        }
+    }
 }
 
 /// What every command runs with: the data dir, and what the config (if
@@ -114,9 +164,22 @@ impl Session {
         req: Request,
         progress: Option<&(dyn Fn(u64, u64) + Sync)>,
     ) -> Result<Value, OpError> {
+        let fresh = (req.access() == Access::Create)
+            .then(|| Fresh::of(&self.dir))
+            .flatten();
         match self.connect(&req)? {
             Answer::Daemon(answer) => answer,
-            Answer::Here(store) => self.execute(&store, req, progress),
+            Answer::Here(store) => {
+                let answer = self.execute(&store, req, progress);
+                // A first write refused (for disk space, say) leaves no data
+                // dir behind (see `Store::discard_on_close`).
+                if answer.is_err()
+                    && let Some(fresh) = fresh
+                {
+                    store.discard_on_close(fresh.into_discard());
+                }
+                answer
+            }
         }
     }
 

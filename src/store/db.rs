@@ -156,6 +156,8 @@ pub struct Store {
     /// Whether this store writes high-water marks: it writes, and its
     /// flushes are power-safe.
     pub(super) marks: bool,
+    /// What to take away when the store closes ([`Store::discard_on_close`]).
+    pub(super) discard: Mutex<Option<Discard>>,
     /// `None` for a read-only open of a copy without a lock file.
     pub(super) _lock: Option<DirLock>,
     /// To read, sled works on this private copy of `db/`; it goes last, so
@@ -1016,6 +1018,60 @@ pub(crate) fn spawn_sled_flusher(
     Ok((tx, handle))
 }
 
+/// A data dir a command made for a first write that was refused, to take
+/// away as the store closes: the folders it made (`path` and all in it,
+/// `whole`), or what it made in the empty folder `path`, whose mode the
+/// open changed from `mode`.
+#[derive(Debug)]
+pub struct Discard {
+    pub path: std::path::PathBuf,
+    pub whole: bool,
+    pub mode: Option<u32>,
+}
+
+impl Store {
+    /// Takes the data dir away when the store closes, instead of making it
+    /// durable: for a store whose open made the data dir (`discard`) and
+    /// that committed nothing (else this does nothing). It is removed while
+    /// the store still holds the data dir's lock, so no other process can
+    /// have written to it.
+    pub fn discard_on_close(&self, discard: Discard) {
+        if self.next_seq() == 1 && !self.read_only {
+            *self.discard.lock().unwrap_or_else(|p| p.into_inner()) = Some(discard);
+        }
+    }
+
+    /// Removes what [`Store::discard_on_close`] named (the store is closing;
+    /// what cannot be removed is left, and said).
+    fn remove_discarded(&self, d: &Discard) {
+        let removed = match d.whole {
+            true => std::fs::remove_dir_all(&d.path),
+            false => std::fs::read_dir(&d.path).and_then(|entries| {
+                for e in entries {
+                    let e = e?;
+                    match e.file_type()?.is_dir() {
+                        true => std::fs::remove_dir_all(e.path())?,
+                        false => std::fs::remove_file(e.path())?,
+                    }
+                }
+                match d.mode {
+                    Some(mode) => {
+                        use std::os::unix::fs::PermissionsExt;
+                        std::fs::set_permissions(&d.path, std::fs::Permissions::from_mode(mode))
+                    }
+                    None => Ok(()),
+                }
+            }),
+        };
+        if let Err(e) = removed {
+            log::warn!(
+                "{}: could not take away the data dir made for a refused first write: {e}",
+                d.path.display()
+            );
+        }
+    }
+}
+
 impl Drop for Store {
     fn drop(&mut self) {
         for (tx, handle) in [self.flusher.take(), self.sled_flusher.take()]
@@ -1038,6 +1094,17 @@ impl Drop for Store {
         // records it acknowledged are in the write-ahead log and reopening
         // puts them back. A read-only one has nothing to keep.
         if self.failed.is_failed() || self.read_only {
+            return;
+        }
+        // A data dir made for a first write that was refused goes, with
+        // nothing to keep (sled closes on unlinked files after this).
+        if let Some(d) = self
+            .discard
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            self.remove_discarded(&d);
             return;
         }
         // Everything, including what the applier wrote after the last

@@ -32,7 +32,7 @@ mod warm;
 mod write;
 
 pub use attempts::{AttemptLog, AttemptOutcome, OutputTail};
-pub use db::{AtRest, Options, Store};
+pub use db::{AtRest, Discard, Options, Store};
 pub use durability::Durability;
 pub use error::{CorruptRecord, OpenError, ReadError, WriteError};
 pub use event::{Event, EventKind, INTERRUPTED};

@@ -1147,6 +1147,7 @@ impl Store {
             read_only: opts.read_only,
             high_mark: Mutex::new(mark),
             marks: opts.power_safe && !opts.read_only,
+            discard: Mutex::new(None),
             _lock: lock,
             read_copy: None,
         })
