@@ -214,6 +214,9 @@ pub struct BackupConfig {
     pub every: Duration,
     /// The folder.
     pub path: PathBuf,
+    /// The config's line that names it, for errors found later (a folder
+    /// inside the data dir `--data-dir` chose).
+    pub path_line: usize,
     pub keep: usize,
 }
 
@@ -768,6 +771,7 @@ impl Ctx<'_> {
         Ok(Some(BackupConfig {
             every: d,
             path: folder,
+            path_line: self.line_of(&path.span()),
             keep,
         }))
     }
@@ -944,6 +948,7 @@ env = { HELM_NAMESPACE = "d8" }
             Some(BackupConfig {
                 every: Duration::from_secs(1800),
                 path: PathBuf::from("/etc/berth/backups"),
+                path_line: 3,
                 keep: DEFAULT_BACKUP_KEEP,
             })
         );

@@ -440,10 +440,16 @@ fn a_config_that_cannot_work_is_refused_with_its_file_line_and_key() {
     };
     for env in [false, true] {
         let o = check(env);
+        // The file, the line and the key, as for any config error.
         common::assert_refused(
             &o,
             2,
-            &format!("is inside the data dir {}", other.display()),
+            &format!(
+                "{}:4: key backup.path: {} is inside the data dir {}",
+                cfg.display(),
+                other.join("backups").display(),
+                other.display()
+            ),
         );
     }
     std::fs::write(&cfg, "[handlers.K]\ncommand = [\"true\"]\n").expect("config");

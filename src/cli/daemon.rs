@@ -79,8 +79,9 @@ pub(super) fn check_backup_folder(config: &Config) -> Result<(), CliError> {
     let dir = std::path::absolute(&config.data_dir).unwrap_or_else(|_| config.data_dir.clone());
     if canon(&b.path).starts_with(canon(&dir)) {
         return Err(CliError::input(format!(
-            "{}: key backup.path: {} is inside the data dir {}; backups go elsewhere",
+            "{}:{}: key backup.path: {} is inside the data dir {}; backups go elsewhere",
             config.path.display(),
+            b.path_line,
             b.path.display(),
             config.data_dir.display()
         )));
