@@ -91,7 +91,8 @@ fn fill(dir: &Path) -> Store {
 /// second, exporting `TASKS` live tasks and importing them into a fresh data
 /// dir (one commit); best of `RUNS`.
 fn export_import(want: &dyn Fn(&str) -> bool) {
-    if !want("export_mib_per_s") && !want("import_mib_per_s") {
+    let export = want("export_mib_per_s") || want("export_file_mib");
+    if !export && !want("import_mib_per_s") {
         return;
     }
     let root = tempfile::tempdir().expect("tempdir");
@@ -106,7 +107,7 @@ fn export_import(want: &dyn Fn(&str) -> bool) {
         best = best.min(t.elapsed().as_secs_f64());
     }
     let mib = std::fs::metadata(&file).expect("the file").len() as f64 / (1 << 20) as f64;
-    if want("export_mib_per_s") {
+    if export {
         figure("export_mib_per_s", mib / best, "MiB/s");
         figure("export_file_mib", mib, "MiB");
     }
@@ -130,7 +131,7 @@ fn export_import(want: &dyn Fn(&str) -> bool) {
 /// their size compressed with zstd level 3 (what segments and exports use)
 /// and with gzip at its default level.
 fn archive_ratios(want: &dyn Fn(&str) -> bool) {
-    if !want("archive_ratio_zstd") && !want("archive_ratio_gzip") {
+    if !want("archive_ratio_zstd") && !want("archive_ratio_gzip") && !want("archive_raw_mib") {
         return;
     }
     let root = tempfile::tempdir().expect("tempdir");
@@ -157,23 +158,32 @@ fn archive_ratios(want: &dyn Fn(&str) -> bool) {
 }
 
 fn main() {
+    // As every `berth` process, before anything allocates much.
+    berth::alloc::no_huge_pages();
     // `cargo bench` passes `--bench`; a non-flag argument selects the
-    // figures whose names contain it.
+    // figures whose names contain it; a group of figures measured together
+    // (named by the prefix they share) runs when the argument is part of
+    // that prefix or begins with it.
     let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
     let want = |name: &str| filter.as_deref().is_none_or(|f| name.contains(f));
+    let group = |prefix: &str| {
+        filter
+            .as_deref()
+            .is_none_or(|f| prefix.contains(f) || f.starts_with(prefix))
+    };
     // The allocator as the commands have it (`export`, `import`, `replay`)...
     export_import(&want);
     archive_ratios(&want);
-    if want("replay_") {
+    if group("replay_") {
         replay::run();
     }
     // ... and as `berth run` tunes it, for what a daemon does.
     berth::alloc::tune();
-    if want("checkpoint_") {
+    if group("checkpoint_") {
         disk::checkpoint();
     }
     // The longest: a million tasks.
-    if want("disk_") {
+    if group("disk_") {
         disk::disk();
     }
 }

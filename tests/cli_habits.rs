@@ -329,6 +329,14 @@ fn a_config_that_cannot_work_is_refused_with_its_file_line_and_key() {
             ":1: key data_dir: must not be empty",
         ),
         (
+            "durability = \"fast\"\n[handlers.K]\ncommand = [\"true\"]\n",
+            ":1: key durability: 'fast' is not a mode (use \"sync\" or \"batched\")",
+        ),
+        (
+            "node = \"edge 1\"\n[handlers.K]\ncommand = [\"true\"]\n",
+            ":1: key node: node 'edge 1' has the character ' '",
+        ),
+        (
             "[handlers.K]\ncommand = [\"pyhton3\"]\n",
             ":2: key handlers.K.command: 'pyhton3' is not found in PATH",
         ),

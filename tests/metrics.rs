@@ -417,4 +417,11 @@ fn the_daemon_writes_its_textfile_and_berth_metrics_reads_the_same_counters() {
         .filter(|n| n.contains("prom"))
         .collect();
     assert_eq!(names, vec!["berth.prom"], "no temporary file is left");
+    // Readable by node_exporter, whatever the daemon's umask.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(root.path().join("berth.prom"))
+        .expect("the textfile")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o644);
 }

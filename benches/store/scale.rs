@@ -122,6 +122,12 @@ fn tasks() -> usize {
     }
 }
 
+/// `BERTH_BENCH_NO_WAL=1`: without the write-ahead log (a sled flush per
+/// commit), as the rest of the store bench.
+fn with_wal() -> bool {
+    std::env::var_os("BERTH_BENCH_NO_WAL").is_none()
+}
+
 /// How many times the data dir is built: `BERTH_BENCH_SCALE_BUILDS`, 3 by
 /// default (a single build's flatness varies by about 0.1 from run to run).
 fn builds() -> usize {
@@ -157,6 +163,7 @@ pub fn child_main() {
             durability: Durability::Sync,
             role: Role::Daemon,
             create: false,
+            write_ahead_log: with_wal(),
             ..Options::default()
         },
         berth::clock::system(),
@@ -349,6 +356,7 @@ fn build(dir: &Path, n: usize) -> Vec<f64> {
         dir,
         Options {
             durability: Durability::Sync,
+            write_ahead_log: with_wal(),
             ..Options::default()
         },
         berth::clock::system(),

@@ -1,5 +1,5 @@
-//! Sizes and durations (`berth::units`), as config files and flags give
-//! them.
+//! Sizes, durations and times (`berth::units`), as config files and flags
+//! give them.
 //!
 //! Asserts:
 //! - parsing never panics;
@@ -10,11 +10,21 @@
 //! - a duration that parses can be used: added to the clock as a deadline
 //!   or a time of day, and counted in milliseconds in a u64;
 //! - a duration as berth shows it (`format_duration`), when it parses,
-//!   parses back to within its rounding (50 ms).
+//!   parses back to within its rounding (50 ms);
+//! - a time (`--since`, `--at`: RFC 3339, with or without an offset,
+//!   milliseconds, or a duration ago) that parses, shown as berth shows
+//!   times (`format_time`, RFC 3339 in UTC), parses back to itself.
 
 use std::time::{Duration, Instant, SystemTime};
 
-use berth::units::{format_duration, format_size, parse_duration, parse_size};
+use berth::units::{
+    format_duration, format_size, format_time, parse_duration, parse_size, parse_time,
+};
+
+/// The time the durations of `parse_time` count back from.
+const NOW_MS: u64 = 1_796_040_000_000;
+/// The first millisecond of the year 10000, which RFC 3339 cannot write.
+const YEAR_10000_MS: u64 = 253_402_300_800_000;
 
 pub fn units(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
@@ -67,5 +77,15 @@ pub fn units(data: &[u8]) {
                 "{text:?} = {d:?} shows as {shown:?}, which parses as {back:?}"
             );
         }
+    }
+    if let Ok(ms) = parse_time(text, NOW_MS)
+        && ms < YEAR_10000_MS
+    {
+        let shown = format_time(ms);
+        assert_eq!(
+            parse_time(&shown, NOW_MS),
+            Ok(ms),
+            "{text:?} = {ms} shows as {shown:?}"
+        );
     }
 }
