@@ -274,13 +274,48 @@ impl Ctx<'_> {
     /// type error, an unknown or a missing key also names the key, by the
     /// path serde took to it.
     fn deserialize(&self) -> Result<Raw, ConfigError> {
-        let de = toml::Deserializer::parse(self.text)
-            .map_err(|e| self.err_at(e.span(), None, e.message()))?;
+        let de = toml::Deserializer::parse(self.text).map_err(|e| {
+            let span = e.span().or_else(|| self.line_that_fails(e.message()));
+            let message = match e.message() {
+                "recursion limit" => "recursion limit: keys, tables or values nested too deeply",
+                m => m,
+            };
+            self.err_at(span, None, message)
+        })?;
         serde_path_to_error::deserialize(de).map_err(|e| {
             let key = key_of(e.path());
             let inner = e.into_inner();
             self.err_at(inner.span(), key.as_deref(), inner.message())
         })
+    }
+    /// For a parse error the parser gives no place for (too deep a
+    /// nesting: `recursion limit`): the start of the first line whose end
+    /// the text cannot be parsed up to without that error (the text up to
+    /// the end of any later line fails the same way), found by bisection.
+    fn line_that_fails(&self, message: &str) -> Option<std::ops::Range<usize>> {
+        let ends: Vec<usize> = self
+            .text
+            .match_indices('\n')
+            .map(|(i, _)| i)
+            .chain([self.text.len()])
+            .collect();
+        let fails = |k: usize| {
+            toml::Deserializer::parse(&self.text[..ends[k]])
+                .is_err_and(|e| e.span().is_none() && e.message() == message)
+        };
+        let (mut lo, mut hi) = (0, ends.len() - 1);
+        if !fails(hi) {
+            return None;
+        }
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            match fails(mid) {
+                true => hi = mid,
+                false => lo = mid + 1,
+            }
+        }
+        let start = if lo == 0 { 0 } else { ends[lo - 1] + 1 };
+        Some(start..start)
     }
     fn line_of(&self, span: &std::ops::Range<usize>) -> usize {
         let end = span.start.min(self.text.len());
@@ -1147,6 +1182,15 @@ env = { HELM_NAMESPACE = "d8" }
         }
         let pre = "[handlers.X]\ncommand = [\"true\"]\npre = [\"true\", \"\\u0000\"]\n";
         assert_error(pre, "3: key handlers.X.pre: argument 1 contains a NUL byte");
+    }
+
+    #[test]
+    fn a_key_nested_too_deeply_is_refused_with_its_line() {
+        let deep = "a.".repeat(200);
+        assert_error(
+            &format!("{HANDLER}\n# a comment\n{deep}b = 1\nc = 2\n"),
+            "5: recursion limit: keys, tables or values nested too deeply",
+        );
     }
 
     #[test]
