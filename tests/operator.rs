@@ -179,15 +179,22 @@ fn attempt_logs_keep_stderr_of_a_failure_and_stdout_progress_the_same_with_and_w
     assert_verify(&data);
 }
 
-#[test]
-fn follow_prints_the_running_attempts_output_as_it_comes_and_exits_when_it_ends() {
-    let (root, data) = root();
-    let daemon = Daemon::start_in(root.path());
-    let id = enqueue(&data, "main", "Steps", "steps");
+/// `berth task log ID --follow EXTRA...` on `data`: the process, its
+/// stdout's lines as they come, and its stderr once it has exited.
+fn follow(
+    data: &Path,
+    id: u64,
+    extra: &[&str],
+) -> (
+    std::process::Child,
+    mpsc::Receiver<String>,
+    std::thread::JoinHandle<String>,
+) {
     let mut follower = Command::new(common::berth_bin())
         .arg("--data-dir")
-        .arg(&data)
+        .arg(data)
         .args(["task", "log", &id.to_string(), "--follow"])
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -196,6 +203,15 @@ fn follow_prints_the_running_attempts_output_as_it_comes_and_exits_when_it_ends(
     let out = follower.stdout.take().expect("stdout");
     std::thread::spawn(move || common::forward_lines(out, tx));
     let err = common::read_in_background(follower.stderr.take().expect("stderr"));
+    (follower, lines, err)
+}
+
+#[test]
+fn follow_prints_the_running_attempts_output_as_it_comes_and_exits_when_it_ends() {
+    let (root, data) = root();
+    let daemon = Daemon::start_in(root.path());
+    let id = enqueue(&data, "main", "Steps", "steps");
+    let (mut follower, lines, err) = follow(&data, id, &[]);
     let next = |what: &str| {
         lines
             .recv_timeout(Duration::from_secs(20))
@@ -250,18 +266,7 @@ fn follow_in_json_streams_every_byte_once_then_the_record() {
     let (root, data) = root();
     let daemon = Daemon::start_in(root.path());
     let id = enqueue(&data, "main", "Steps", "steps");
-    let mut follower = Command::new(common::berth_bin())
-        .arg("--data-dir")
-        .arg(&data)
-        .args(["task", "log", &id.to_string(), "--follow", "-o", "json"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("berth task log --follow -o json");
-    let (tx, lines) = mpsc::channel();
-    let out = follower.stdout.take().expect("stdout");
-    std::thread::spawn(move || common::forward_lines(out, tx));
-    let err = common::read_in_background(follower.stderr.take().expect("stderr"));
+    let (mut follower, lines, err) = follow(&data, id, &["-o", "json"]);
     let mut got: Vec<serde_json::Value> = Vec::new();
     let mut next = |what: &str| {
         let l = lines
