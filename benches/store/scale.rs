@@ -106,20 +106,25 @@ const CHILD_TASKS: &str = "BERTH_BENCH_CHILD_TASKS";
 
 const MIB: f64 = (1 << 20) as f64;
 
-fn tasks() -> usize {
-    match std::env::var("BERTH_BENCH_SCALE_N") {
-        Ok(v) => {
-            let n: usize = v
-                .parse()
-                .unwrap_or_else(|e| panic!("BERTH_BENCH_SCALE_N={v:?}: {e}"));
-            assert!(
-                n >= BATCH && n.is_multiple_of(BATCH),
-                "BERTH_BENCH_SCALE_N={n}: must be a multiple of {BATCH}"
-            );
-            n
-        }
-        Err(_) => TASKS,
+/// A count from the environment variable `name` (`default` when unset),
+/// which `ok` must accept (it says what it must be).
+fn env_count(name: &str, default: usize, ok: impl Fn(usize) -> Result<(), String>) -> usize {
+    let Ok(v) = std::env::var(name) else {
+        return default;
+    };
+    let n: usize = v.parse().unwrap_or_else(|e| panic!("{name}={v:?}: {e}"));
+    if let Err(why) = ok(n) {
+        panic!("{name}={n}: {why}");
     }
+    n
+}
+
+fn tasks() -> usize {
+    env_count("BERTH_BENCH_SCALE_N", TASKS, |n| {
+        (n >= BATCH && n.is_multiple_of(BATCH))
+            .then_some(())
+            .ok_or(format!("must be a multiple of {BATCH}"))
+    })
 }
 
 /// `BERTH_BENCH_NO_WAL=1`: without the write-ahead log (a sled flush per
@@ -131,16 +136,11 @@ fn with_wal() -> bool {
 /// How many times the data dir is built: `BERTH_BENCH_SCALE_BUILDS`, 3 by
 /// default (a single build's flatness varies by about 0.1 from run to run).
 fn builds() -> usize {
-    match std::env::var("BERTH_BENCH_SCALE_BUILDS") {
-        Ok(v) => {
-            let b: usize = v
-                .parse()
-                .unwrap_or_else(|e| panic!("BERTH_BENCH_SCALE_BUILDS={v:?}: {e}"));
-            assert!(b >= 1, "BERTH_BENCH_SCALE_BUILDS={b}: must be at least 1");
-            b
-        }
-        Err(_) => BUILDS,
-    }
+    env_count("BERTH_BENCH_SCALE_BUILDS", BUILDS, |b| {
+        (b >= 1)
+            .then_some(())
+            .ok_or("must be at least 1".to_string())
+    })
 }
 
 /// The child's side: when this process was started as the open child, does
