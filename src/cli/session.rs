@@ -25,54 +25,38 @@ enum Answer {
     Here(Box<Store>),
 }
 
-/// What opening a data dir that is not one yet makes, to take away again
-/// when its first write is refused: the folders that did not exist (the
-/// topmost of them, `whole`), or what was made in an empty folder.
-struct Fresh {
-    path: PathBuf,
-    whole: bool,
-    mode: Option<u32>,
-}
-
-impl Fresh {
-    /// None when `dir` is a data dir already (or holds other files, which
-    /// the open refuses).
-    fn of(dir: &Path) -> Option<Fresh> {
-        if let Ok(mut entries) = std::fs::read_dir(dir) {
-            use std::os::unix::fs::PermissionsExt;
-            let mode = std::fs::metadata(dir)
-                .ok()
-                .map(|m| m.permissions().mode() & 0o7777);
-            return entries.next().is_none().then(|| Fresh {
-                path: dir.to_path_buf(),
-                whole: false,
-                mode,
-            });
-        }
-        if std::fs::symlink_metadata(dir).is_ok() {
-            return None; // not a folder: the open says so
-        }
-        let mut top = dir;
-        while let Some(parent) = top.parent() {
-            if parent.as_os_str().is_empty() || std::fs::symlink_metadata(parent).is_ok() {
-                break;
-            }
-            top = parent;
-        }
-        Some(Fresh {
-            path: top.to_path_buf(),
-            whole: true,
-            mode: None,
-        })
+/// What opening `dir`, not a data dir yet, makes, to take away again when
+/// its first write is refused (see `Store::discard_on_close`): the topmost
+/// of the folders that do not exist, or what goes into an empty folder
+/// (whose mode the open changes). None when `dir` is a data dir already,
+/// or not an empty folder (the open refuses it).
+fn fresh(dir: &Path) -> Option<Discard> {
+    if let Ok(mut entries) = std::fs::read_dir(dir) {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir)
+            .ok()
+            .map(|m| m.permissions().mode() & 0o7777);
+        return entries.next().is_none().then(|| Discard {
+            path: dir.to_path_buf(),
+            whole: false,
+            mode,
+        });
     }
-
-    fn into_discard(self) -> Discard {
-        Discard {
-            path: self.path,
-            whole: self.whole,
-            mode: self.mode,
-        }
+    if std::fs::symlink_metadata(dir).is_ok() {
+        return None; // not a folder: the open says so
     }
+    let mut top = dir;
+    while let Some(parent) = top.parent() {
+        if parent.as_os_str().is_empty() || std::fs::symlink_metadata(parent).is_ok() {
+            break;
+        }
+        top = parent;
+    }
+    Some(Discard {
+        path: top.to_path_buf(),
+        whole: true,
+        mode: None,
+    })
 }
 
 /// What every command runs with: the data dir, and what the config (if
@@ -165,7 +149,7 @@ impl Session {
         progress: Option<&(dyn Fn(u64, u64) + Sync)>,
     ) -> Result<Value, OpError> {
         let fresh = (req.access() == Access::Create)
-            .then(|| Fresh::of(&self.dir))
+            .then(|| fresh(&self.dir))
             .flatten();
         match self.connect(&req)? {
             Answer::Daemon(answer) => answer,
@@ -176,7 +160,7 @@ impl Session {
                 if answer.is_err()
                     && let Some(fresh) = fresh
                 {
-                    store.discard_on_close(fresh.into_discard());
+                    store.discard_on_close(fresh);
                 }
                 answer
             }
