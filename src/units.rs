@@ -205,12 +205,12 @@ fn split_offset(text: &str) -> (&str, i64) {
     }
     let (local, zone) = text.split_at(n - 6);
     let z = zone.as_bytes();
+    // Two ASCII digits (`parse` alone would also take a sign).
     let digits = |r: std::ops::Range<usize>| {
         z[r.clone()]
             .iter()
             .all(u8::is_ascii_digit)
-            .then(|| zone[r].parse::<i64>().ok())
-            .flatten()
+            .then(|| i64::from(z[r.start] - b'0') * 10 + i64::from(z[r.start + 1] - b'0'))
     };
     let sign = match z[0] {
         b'+' => 1,

@@ -120,13 +120,24 @@ pub fn export(ctx: &Ctx<'_>, path: &Path, sel: &Selection) -> Result<Value, OpEr
     Ok(summary(&export, bytes.len(), path))
 }
 
+/// An export file is named by an absolute path, to export to or import
+/// from: a relative one would be taken from wherever the daemon runs, not
+/// from where the client is.
+fn absolute(path: &Path) -> Result<(), OpError> {
+    match path.is_absolute() {
+        true => Ok(()),
+        false => Err(OpError::input(format!(
+            "{}: the export file's path must be absolute",
+            path.display()
+        ))),
+    }
+}
+
 /// An export goes to an absolute path in an existing folder, outside the
 /// data dir it reads.
 fn check_output(store: &Store, path: &Path) -> Result<(), OpError> {
     let bad = |why: String| Err(OpError::input(format!("{}: {why}", path.display())));
-    if !path.is_absolute() {
-        return bad("the export file's path must be absolute".into());
-    }
+    absolute(path)?;
     if path.to_str().is_none() {
         return bad(
             "the export file's path is not valid UTF-8 (requests name files as text)".into(),
@@ -449,14 +460,7 @@ fn waits_for_parent<'a>(e: &Exported, by_id: &HashMap<u64, &'a Exported>) -> Opt
 /// `{"tasks", "first", "last", "ids": {"OLD": NEW, ...}}`.
 pub fn import(ctx: &Ctx<'_>, path: &Path, label: Option<&str>) -> Result<Value, OpError> {
     let name = label.map_or_else(|| path.display().to_string(), str::to_string);
-    // As for an export: a relative path would be read from wherever the
-    // daemon runs, not from where the client is.
-    if !path.is_absolute() {
-        return Err(OpError::input(format!(
-            "{}: the export file's path must be absolute",
-            path.display()
-        )));
-    }
+    absolute(path)?;
     let export = read_export(path, &name)?;
     let store = ctx
         .store
