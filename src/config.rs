@@ -684,10 +684,17 @@ impl Ctx<'_> {
             Some(t) => {
                 let path = resolve(base, t.get_ref());
                 let dir = path.parent().unwrap_or(base);
-                if self.on_this_machine
-                    && let Some(why) = not_a_folder(dir)
-                {
-                    return Err(self.err(Some(t.span()), "metrics.textfile", why));
+                if self.on_this_machine {
+                    let why = match not_a_folder(dir) {
+                        Some(why) => Some(why),
+                        None if path.is_dir() => {
+                            Some(format!("{} is a folder, not a file", path.display()))
+                        }
+                        None => None,
+                    };
+                    if let Some(why) = why {
+                        return Err(self.err(Some(t.span()), "metrics.textfile", why));
+                    }
                 }
                 Some(path)
             }

@@ -384,7 +384,17 @@ fn a_config_that_cannot_work_is_refused_with_its_file_line_and_key() {
             "parallel_queues = \"ten\"\n[handlers.K]\ncommand = [\"true\"]\n",
             ":1: key parallel_queues: invalid type",
         ),
+        (
+            "[metrics]\ntextfile = \"folder.prom\"\n[handlers.K]\ncommand = [\"true\"]\n",
+            "/folder.prom is a folder, not a file",
+        ),
+        (
+            "[metrics]\ntextfile = \"gone/berth.prom\"\n[handlers.K]\ncommand = [\"true\"]\n",
+            ":2: key metrics.textfile: the folder ",
+        ),
     ];
+    // A textfile path that names a folder: the daemon could never write it.
+    std::fs::create_dir(root.path().join("folder.prom")).expect("folder");
     for (text, says) in cases {
         std::fs::write(&cfg, text).expect("config");
         for args in [&["check"][..], &["run", "--until-idle"]] {
