@@ -32,8 +32,9 @@ impl std::fmt::Display for Entry {
 
 #[derive(Debug, thiserror::Error)]
 pub enum EnqueueError {
-    /// A spec broke a rule (bad input: nothing was written).
-    #[error("{}field {field}: {reason}", entry.map(|e| format!("{e}, ")).unwrap_or_default())]
+    /// A spec broke a rule (bad input: nothing was written). `field` is
+    /// [`RECORD`] when the task's record as a whole is over the budget.
+    #[error("{}{reason}", place(*entry, field))]
     Invalid {
         entry: Option<Entry>,
         field: &'static str,
@@ -44,18 +45,67 @@ pub enum EnqueueError {
     Store(#[from] WriteError),
 }
 
-impl EnqueueError {
-    fn from_build(entry: Option<Entry>, e: TaskBuildError) -> Self {
-        let field = e.field();
-        let reason = match e {
-            TaskBuildError::Spec(s) => s.reason,
-            TaskBuildError::Budget(b) => b.to_string(),
+/// The `field` of an [`EnqueueError::Invalid`] that no one field is at
+/// fault for: the task's record, all its fields together, is over
+/// `max_object`.
+pub const RECORD: &str = "record";
+
+/// `entry 2 of 3, field queue: `, `entry 2 of 3: ` (the whole record),
+/// `field queue: `, or nothing.
+fn place(entry: Option<Entry>, field: &str) -> String {
+    match (entry, field) {
+        (Some(e), RECORD) => format!("{e}: "),
+        (Some(e), f) => format!("{e}, field {f}: "),
+        (None, RECORD) => String::new(),
+        (None, f) => format!("field {f}: "),
+    }
+}
+
+/// `spec` as the task it would store, refused when its record would be
+/// over the budget's `max_object`. The record is measured with the
+/// largest id and time it could carry, so a spec this takes the store
+/// takes too (it checks the record again as it writes).
+fn build(spec: TaskSpec, now_ms: u64, budget: &Budget) -> Result<Task, (&'static str, String)> {
+    let mut task = spec
+        .into_task(now_ms, budget)
+        .map_err(|e| (e.field(), reason_of(e)))?;
+    let (id, queued_at) = (task.id, task.queued_at);
+    (task.id, task.queued_at) = (u64::MAX, u64::MAX);
+    let size = crate::codec::encoded_len(&task);
+    (task.id, task.queued_at) = (id, queued_at);
+    if size > budget.max_object {
+        let e = crate::budget::BudgetError::TooLarge {
+            what: "record",
+            size,
+            compressed: task.payload.compressed,
+            budget: budget.max_object,
         };
+        return Err((
+            RECORD,
+            format!("{e} (its name, description, payload and other fields together)"),
+        ));
+    }
+    Ok(task)
+}
+
+fn reason_of(e: TaskBuildError) -> String {
+    match e {
+        TaskBuildError::Spec(s) => s.reason,
+        TaskBuildError::Budget(b) => b.to_string(),
+    }
+}
+
+impl EnqueueError {
+    fn invalid(entry: Option<Entry>, (field, reason): (&'static str, String)) -> Self {
         EnqueueError::Invalid {
             entry,
             field,
             reason,
         }
+    }
+
+    fn from_build(entry: Option<Entry>, e: TaskBuildError) -> Self {
+        Self::invalid(entry, (e.field(), reason_of(e)))
     }
 
     /// Whether the caller's input is at fault (as opposed to the store).
@@ -81,9 +131,8 @@ pub fn enqueue_one(
     spec: TaskSpec,
     placement: Placement,
 ) -> Result<u64, EnqueueError> {
-    let task = spec
-        .into_task(store.clock().now_ms(), store.budget())
-        .map_err(|e| EnqueueError::from_build(None, e))?;
+    let task = build(spec, store.clock().now_ms(), store.budget())
+        .map_err(|e| EnqueueError::invalid(None, e))?;
     let mut w = store.write();
     let (id, merged) = match Compactor::new().single(&mut w, &task)? {
         Some(waiting) => {
@@ -150,8 +199,8 @@ pub fn stage_batch(
     let mut slots: Vec<Option<TaskSpec>> = specs.into_iter().map(Some).collect();
     let mut take = |i: usize| slots[i].take().expect("each index planned once");
     let build = |i: usize, spec: TaskSpec| {
-        spec.into_task(now, store.budget())
-            .map_err(|e| EnqueueError::from_build(Some(Entry::at(i, n)), e))
+        build(spec, now, store.budget())
+            .map_err(|e| EnqueueError::invalid(Some(Entry::at(i, n)), e))
     };
     let mut ids = Vec::new();
     let mut compactor = Compactor::new();
@@ -210,9 +259,7 @@ pub fn check(specs: &[TaskSpec], budget: &Budget, batch: bool) -> Result<(), Enq
     let n = specs.len();
     for (i, spec) in specs.iter().enumerate() {
         let entry = batch.then(|| Entry::at(i, n));
-        spec.clone()
-            .into_task(0, budget)
-            .map_err(|e| EnqueueError::from_build(entry, e))?;
+        build(spec.clone(), 0, budget).map_err(|e| EnqueueError::invalid(entry, e))?;
     }
     Ok(())
 }

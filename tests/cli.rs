@@ -332,6 +332,113 @@ fn an_enqueue_refused_for_space_creates_no_data_dir() {
 }
 
 #[test]
+fn a_task_record_over_the_budget_is_refused_before_anything_is_opened() {
+    // Each field fits the budget, the payload too; the record, all of them
+    // together, does not. `enqueue`, `enqueue --batch` and `run --enqueue`
+    // all refuse it as bad input, naming the entry, and create or change
+    // nothing: no data dir, no file of an existing one.
+    let dir = tempdir();
+    let cfg = dir.path().join("berth.toml");
+    std::fs::write(
+        &cfg,
+        "[budget]\ncompress_over = \"1KiB\"\nmax_object = \"4KiB\"\n\
+         max_decompressed = \"8KiB\"\n[handlers.K]\ncommand = [\"true\"]\n",
+    )
+    .unwrap();
+    // 4,000 random letters, which gzip shrinks only to about 2.9 KiB.
+    let mut x: u32 = 1;
+    let letters = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+    let noise: String = (0..4000)
+        .map(|_| {
+            x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+            char::from(letters[(x >> 16) as usize % letters.len()])
+        })
+        .collect();
+    let (name, description) = ("n".repeat(512), "d".repeat(1024));
+    let batch = dir.path().join("b.json");
+    std::fs::write(
+        &batch,
+        serde_json::json!([
+            {"queue": "main", "kind": "K", "name": "fits"},
+            {"queue": "main", "kind": "K", "name": name, "description": description, "payload": noise},
+        ])
+        .to_string(),
+    )
+    .unwrap();
+    let berth_with = |d: &Path, args: &[&str]| {
+        Command::new(common::berth_bin())
+            .arg("--config")
+            .arg(&cfg)
+            .arg("--data-dir")
+            .arg(d)
+            .args(args)
+            .output()
+            .expect("berth")
+    };
+    let b = batch.to_str().unwrap();
+    let payload = serde_json::Value::String(noise.clone()).to_string();
+    let single = [
+        "enqueue",
+        "--queue",
+        "main",
+        "--kind",
+        "K",
+        "--name",
+        &name,
+        "--description",
+        &description,
+        "--payload",
+        &payload,
+    ];
+    let says =
+        "the object budget is 4 KiB (its name, description, payload and other fields together)";
+    let none = dir.path().join("none");
+    for args in [
+        &["enqueue", "--batch", b][..],
+        &["run", "--until-idle", "--enqueue", b],
+    ] {
+        let o = berth_with(&none, args);
+        common::assert_refused(
+            &o,
+            2,
+            &format!("batch file {b}: entry 2 of 2: task record is "),
+        );
+        common::assert_refused(&o, 2, says);
+        assert!(!none.exists(), "{args:?} made {}", none.display());
+    }
+    let o = berth_with(&none, &single);
+    common::assert_refused(&o, 2, "berth: task record is ");
+    common::assert_refused(&o, 2, says);
+    assert!(!none.exists());
+    let d = dir.path().join("data");
+    let a = common::enqueue_id(&d, &["--queue", "main", "--kind", "K", "--name", "a"]);
+    let before = common::file_hashes(&d);
+    for args in [
+        &["enqueue", "--batch", b][..],
+        &single,
+        &["run", "--until-idle", "--enqueue", b],
+    ] {
+        common::assert_refused(&berth_with(&d, args), 2, says);
+        assert_eq!(common::file_hashes(&d), before, "{args:?}");
+    }
+    assert_eq!(common::task_json(&d, a)["status"], "queued");
+}
+
+#[test]
+fn an_empty_batch_adds_nothing_and_makes_no_data_dir() {
+    let dir = tempdir();
+    let batch = dir.path().join("empty.json");
+    for text in ["[]", "{\"tasks\": []}"] {
+        std::fs::write(&batch, text).unwrap();
+        let none = dir.path().join("none");
+        let o = berth(&none, &["enqueue", "--batch", batch.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert_eq!(stdout(&o), "");
+        assert!(!none.exists(), "an empty batch made {}", none.display());
+    }
+}
+
+#[test]
 fn task_show_and_remove() {
     let dir = tempdir();
     let d = dir.path().join("data");

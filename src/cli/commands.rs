@@ -94,6 +94,10 @@ fn enqueue(s: &Session, a: EnqueueArgs) -> Result<(), CliError> {
     if let Some(batch) = a.batch {
         let source = format!("batch file {}: ", batch.display());
         let tasks = read_batch(&batch, &s.budget, s.kinds().as_deref())?;
+        if tasks.is_empty() {
+            // Nothing to add: nothing to open, and no data dir to make.
+            return Ok(());
+        }
         let ids = s
             .run(Request::EnqueueBatch { tasks })
             .map_err(|e| e.context(&source))?;
@@ -133,6 +137,10 @@ fn enqueue(s: &Session, a: EnqueueArgs) -> Result<(), CliError> {
     if let Err(EnqueueError::Invalid { field, reason, .. }) =
         submit::check(std::slice::from_ref(&spec), &s.budget, false)
     {
+        // A record over the budget is no one flag's fault.
+        if field == submit::RECORD {
+            return Err(CliError::input(reason));
+        }
         let flag = match flag_of(field) {
             f if f == "payload" && a.payload_file.is_some() => "payload-file".to_string(),
             f => f,
