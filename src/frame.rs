@@ -200,8 +200,13 @@ pub const READ_CHUNK: usize = 16 << 20;
 /// What `path` is when it exists and is not a regular file ("a symbolic
 /// link", "a character device", ...): a rename over it would replace it.
 pub fn not_a_regular_file(path: &std::path::Path) -> Option<&'static str> {
+    file_kind(std::fs::symlink_metadata(path).ok()?.file_type())
+}
+
+/// What a file of type `t` is, when it is not a regular file: "a FIFO",
+/// "a folder", ...
+pub fn file_kind(t: std::fs::FileType) -> Option<&'static str> {
     use std::os::unix::fs::FileTypeExt;
-    let t = std::fs::symlink_metadata(path).ok()?.file_type();
     Some(if t.is_file() {
         return None;
     } else if t.is_symlink() {
@@ -247,13 +252,25 @@ pub fn write_atomic(path: &std::path::Path, bytes: &[u8], mode: u32) -> std::io:
         .file_name()
         .ok_or_else(|| std::io::Error::other(format!("{} names no file", path.display())))?;
     let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
-    let write = || -> std::io::Result<()> {
-        let mut f = std::fs::OpenOptions::new()
+    // The temporary file is made anew: a leftover of that name (from a
+    // crash, or planted: a symbolic link, a FIFO) is removed, never
+    // followed or opened.
+    let create = || {
+        std::fs::OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
+            .custom_flags(libc::O_NOFOLLOW)
             .mode(mode)
-            .open(&tmp)?;
+            .open(&tmp)
+    };
+    let write = || -> std::io::Result<()> {
+        let mut f = match create() {
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                std::fs::remove_file(&tmp)?;
+                create()?
+            }
+            r => r?,
+        };
         f.set_permissions(std::fs::Permissions::from_mode(mode))?;
         f.write_all(bytes)?;
         f.sync_all()?;
@@ -270,6 +287,39 @@ pub fn write_atomic(path: &std::path::Path, bytes: &[u8], mode: u32) -> std::io:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_atomic_write_never_follows_or_opens_a_leftover_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        // A symbolic link planted at the temporary name: followed, the
+        // write would land in its target, and the file become a link.
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        std::os::unix::fs::symlink(&victim, dir.path().join(".out.bex.tmp")).unwrap();
+        let out = dir.path().join("out.bex");
+        write_atomic(&out, b"new", 0o600).unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        assert!(std::fs::symlink_metadata(&out).unwrap().is_file());
+        assert_eq!(std::fs::read(&out).unwrap(), b"new");
+        // A FIFO there: opened, the write would wait for a reader for good.
+        let fifo = dir.path().join(".pipe.bex.tmp");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mkfifo(3) with a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let pipe = dir.path().join("pipe.bex");
+        let p = pipe.clone();
+        std::thread::spawn(move || tx.send(write_atomic(&p, b"new", 0o600).is_ok()));
+        let done = rx.recv_timeout(std::time::Duration::from_secs(20));
+        assert_eq!(done, Ok(true), "the write finished");
+        assert_eq!(std::fs::read(&pipe).unwrap(), b"new");
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".tmp"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
 
     #[test]
     fn a_capped_read_takes_up_to_its_cap_and_refuses_more() {

@@ -1100,3 +1100,96 @@ fn an_import_request_with_a_relative_path_is_refused() {
     assert_eq!(e.message, "a.bex: the export file's path must be absolute");
     assert!(store.live_tasks().is_empty(), "nothing was imported");
 }
+
+#[test]
+fn an_import_request_for_a_fifo_or_a_device_is_refused_at_once() {
+    // A FIFO no one writes to would block the open (and, in a daemon, the
+    // connection's thread and its stop) for good; a device is no export.
+    use berth::ops::{Class, Ctx, Request, execute};
+    let dir = tempdir();
+    let fifo = dir.path().join("pending.bex");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let data = dir.path().join("data");
+    std::thread::spawn(move || {
+        let store = Store::open(&data, Options::default(), berth::clock::system()).unwrap();
+        for path in [fifo, PathBuf::from("/dev/zero")] {
+            let r = execute(
+                &Ctx::direct(Some(&store), None),
+                Request::Import { path, label: None },
+            );
+            let _ = tx.send(r.map_err(|e| (e.class, e.message)));
+        }
+    });
+    for what in ["a FIFO", "a character device"] {
+        let answer = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the import to answer, not to wait for a writer");
+        let (class, message) = answer.expect_err("refused");
+        assert_eq!(class, Class::Input, "{message}");
+        assert!(
+            message.ends_with(&format!("it is {what}, not a regular file")),
+            "{message}"
+        );
+    }
+}
+
+#[test]
+fn a_daemon_imports_what_it_could_not_open_by_its_path_through_a_copy() {
+    // A pipe (`import <(...)`) and a path that is not UTF-8 (which a
+    // request cannot carry) are read by the command and sent as a private
+    // copy: the same import as without a daemon.
+    use std::io::Write;
+    use std::os::unix::ffi::OsStrExt;
+    let ra = tempdir();
+    let a = ra.path().join("a");
+    common::enqueue_id(
+        &a,
+        &["--queue", "main", "--kind", "ModuleRun", "--name", "one"],
+    );
+    let file = ra.path().join("one.bex");
+    ok(
+        &berth(&a, &["export", "-o", file.to_str().expect("utf-8")]),
+        "export",
+    );
+    let bytes = std::fs::read(&file).expect("export file");
+    let odd = ra.path().join(std::ffi::OsStr::from_bytes(b"one\xff.bex"));
+    std::fs::write(&odd, &bytes).expect("copy");
+    let fifo = ra.path().join("pipe.bex");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success());
+
+    let rb = tempdir();
+    let cfg = write_root(rb.path(), HOOK, &config("edge-1", ""));
+    let mut d = Daemon::start_in(rb.path());
+    let import = |path: &Path| {
+        Command::new(common::berth_bin())
+            .arg("--config")
+            .arg(&cfg)
+            .arg("import")
+            .arg(path)
+            .output()
+            .expect("berth import")
+    };
+    let o = import(&odd);
+    ok(&o, "import of a path that is not UTF-8");
+    assert_eq!(stdout(&o), "imported 1 tasks: ids 1..1\n");
+    let writer = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(fifo)
+                .expect("open the FIFO");
+            f.write_all(&bytes).expect("write the FIFO");
+        })
+    };
+    let o = import(&fifo);
+    ok(&o, "import of a FIFO");
+    assert_eq!(stdout(&o), "imported 1 tasks: ids 2..2\n");
+    writer.join().expect("writer");
+    d.signal(libc::SIGTERM);
+    let (status, _) = d.wait_exit(Duration::from_secs(30));
+    assert!(status.success(), "{status:?}");
+}

@@ -451,21 +451,37 @@ fn export(s: &Session, a: ExportArgs) -> Result<(), CliError> {
 /// `berth import`: the file is read and checked here first (format,
 /// names, budget, kinds), so a bad one changes nothing and creates
 /// nothing; then the daemon (or this command) reads it again and adds it.
+/// What the daemon could not read again by its path (standard input, a
+/// pipe such as `<(...)`, a device, a path that is not UTF-8, which a
+/// request cannot carry) goes through a private temporary copy.
 fn import(s: &Session, a: ImportArgs) -> Result<(), CliError> {
     let from_stdin = a.file.as_os_str() == "-";
-    let tmp = if from_stdin {
-        Some(private_tempdir()?)
-    } else {
+    let by_path = !from_stdin
+        && a.file.to_str().is_some()
+        && std::fs::metadata(&a.file).is_ok_and(|m| m.is_file());
+    let tmp = if by_path {
         None
+    } else {
+        Some(private_tempdir()?)
     };
     let (path, label) = match &tmp {
         Some(t) => {
-            let bytes = berth::frame::read_capped(std::io::stdin(), berth::ops::MAX_EXPORT_FILE)
-                .map_err(|e| CliError::input(format!("cannot read standard input: {e}")))?;
+            let (bytes, label) = if from_stdin {
+                let bytes =
+                    berth::frame::read_capped(std::io::stdin(), berth::ops::MAX_EXPORT_FILE)
+                        .map_err(|e| CliError::input(format!("cannot read standard input: {e}")))?;
+                (bytes, "standard input".to_string())
+            } else {
+                let label = a.file.display().to_string();
+                let bytes = std::fs::File::open(&a.file)
+                    .and_then(|f| berth::frame::read_file_capped(f, berth::ops::MAX_EXPORT_FILE))
+                    .map_err(|e| CliError::input(format!("cannot read {label}: {e}")))?;
+                (bytes, label)
+            };
             let path = t.path().join("import.bex");
             std::fs::write(&path, &bytes)
                 .map_err(|e| CliError::runtime(format!("writing {}: {e}", path.display())))?;
-            (path, "standard input".to_string())
+            (path, label)
         }
         None => (absolute(&a.file)?, a.file.display().to_string()),
     };

@@ -312,9 +312,24 @@ pub const MAX_EXPORT_FILE: u64 = transfer::MAX_RAW_BYTES + (64 << 20);
 
 /// Reads and checks an export file's format; errors name it (`name`) and
 /// are bad input.
+/// Only a regular file (or a symbolic link to one) is read: a FIFO would
+/// block the open until some writer came, and a device or a socket is
+/// no export file.
 pub fn read_export(path: &Path, name: &str) -> Result<Export, OpError> {
-    let bytes = std::fs::File::open(path)
-        .and_then(|f| frame::read_file_capped(f, MAX_EXPORT_FILE))
+    use std::os::unix::fs::OpenOptionsExt;
+    let bytes = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .and_then(|f| {
+            if let Some(what) = frame::file_kind(f.metadata()?.file_type()) {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("it is {what}, not a regular file"),
+                ));
+            }
+            frame::read_file_capped(f, MAX_EXPORT_FILE)
+        })
         .map_err(|e| OpError::input(format!("cannot read {name}: {e}")))?;
     transfer::decode(&bytes).map_err(|e| OpError::input(format!("{name}: {e}")))
 }
