@@ -174,6 +174,9 @@ pub fn check_name(what: &str, name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The longest task name, in bytes.
+pub const MAX_NAME: usize = 512;
+
 /// Checks free text (a task name or description): non-empty when required,
 /// at most `max` bytes, no control characters.
 fn check_text(
@@ -205,7 +208,7 @@ impl TaskSpec {
     pub fn validate(&self) -> Result<(), SpecError> {
         check_name("queue", &self.queue).map_err(|r| spec_err("queue", r))?;
         check_name("kind", &self.kind).map_err(|r| spec_err("kind", r))?;
-        check_text("name", &self.name, false, 512)?;
+        check_text("name", &self.name, false, MAX_NAME)?;
         if let Some(d) = &self.description {
             check_text("description", d, false, 1024)?;
         }

@@ -32,6 +32,10 @@ pub struct TaskFilter {
     pub targets: Vec<String>,
 }
 
+/// The most names a filter's list (queues, kinds, targets, statuses) may
+/// hold.
+pub const MAX_FILTER_NAMES: usize = 1024;
+
 /// The status words a filter accepts.
 pub const STATUS_WORDS: [&str; 11] = [
     "queued",
@@ -51,7 +55,32 @@ impl TaskFilter {
     /// Checks the status words, and the names: a queue, kind or node name
     /// that no task can have (`enqueue` refuses it) is an error naming its
     /// flag, not a filter that silently selects nothing.
+    /// Its sizes are bounded too, so that no filter makes a list cost more
+    /// than the tasks it reads: at most [`MAX_FILTER_NAMES`] names in a
+    /// list, and a name pattern no longer than the longest name.
     pub fn validate(&self) -> Result<(), OpError> {
+        for (flag, list) in [
+            ("--queue", &self.queues),
+            ("--kind", &self.kinds),
+            ("--target", &self.targets),
+            ("--status", &self.statuses),
+        ] {
+            if list.len() > MAX_FILTER_NAMES {
+                return Err(OpError::input(format!(
+                    "{flag}: {} given; at most {MAX_FILTER_NAMES} are allowed",
+                    list.len()
+                )));
+            }
+        }
+        if let Some(p) = &self.name
+            && p.len() > crate::task::MAX_NAME
+        {
+            return Err(OpError::input(format!(
+                "--name: the pattern is {} bytes; at most {} are allowed (as in a task's name)",
+                p.len(),
+                crate::task::MAX_NAME
+            )));
+        }
         for (flag, what, names) in [
             ("--queue", "queue", &self.queues),
             ("--kind", "kind", &self.kinds),
@@ -197,6 +226,31 @@ mod tests {
         assert!(glob("m?play", "mcplay"));
         assert!(glob("*a*b*", "xxaxxbxx"));
         assert!(!glob("*a*b", "xxbxxa"));
+    }
+
+    #[test]
+    fn a_filter_larger_than_any_task_needs_is_refused() {
+        // A socket request could carry megabytes of them, each read once
+        // per task (a pattern of 2 MiB took a daemon's thread for minutes).
+        let f = |name: usize, queues: usize| TaskFilter {
+            name: Some("*".repeat(name)),
+            queues: vec!["main".to_string(); queues],
+            ..Default::default()
+        };
+        assert!(f(512, 1024).validate().is_ok());
+        let e = f(513, 1).validate().unwrap_err();
+        assert_eq!(e.class, super::super::Class::Input);
+        assert_eq!(
+            e.message,
+            "--name: the pattern is 513 bytes; at most 512 are allowed (as in a task's name)"
+        );
+        let e = f(1, 1025).validate().unwrap_err();
+        assert_eq!(e.message, "--queue: 1025 given; at most 1024 are allowed");
+        let statuses = TaskFilter {
+            statuses: vec!["live".to_string(); 1025],
+            ..Default::default()
+        };
+        assert!(statuses.validate().is_err());
     }
 
     #[test]
