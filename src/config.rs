@@ -566,29 +566,29 @@ impl Config {
 
 impl Ctx<'_> {
     fn durability(&self, raw: &Raw) -> Result<Durability, ConfigError> {
+        // Checked whatever the mode, so that a bad value is found before
+        // someone turns `batched` on.
+        let interval = self.positive_duration(
+            &raw.flush_interval,
+            "flush_interval",
+            Duration::from_millis(100),
+        )?;
+        // The flusher sleeps this long between flushes: less would keep a
+        // core busy flushing.
+        if interval < Duration::from_millis(1) {
+            return Err(self.err(
+                spanned(&raw.flush_interval),
+                "flush_interval",
+                "must be at least 1ms",
+            ));
+        }
         match raw
             .durability
             .as_ref()
             .map(|s| (s.get_ref().as_str(), s.span()))
         {
             None | Some(("sync", _)) => Ok(Durability::Sync),
-            Some(("batched", _)) => {
-                let interval = self.positive_duration(
-                    &raw.flush_interval,
-                    "flush_interval",
-                    Duration::from_millis(100),
-                )?;
-                // The flusher sleeps this long between flushes: less would
-                // keep a core busy flushing.
-                if interval < Duration::from_millis(1) {
-                    return Err(self.err(
-                        spanned(&raw.flush_interval),
-                        "flush_interval",
-                        "must be at least 1ms",
-                    ));
-                }
-                Ok(Durability::Batched { interval })
-            }
+            Some(("batched", _)) => Ok(Durability::Batched { interval }),
             Some((other, span)) => Err(self.err(
                 Some(span),
                 "durability",
@@ -1202,6 +1202,15 @@ env = { HELM_NAMESPACE = "d8" }
 
     #[test]
     fn a_flush_interval_under_a_millisecond_is_refused() {
+        // Also where it is not used yet (`sync`, the default).
+        assert_error(
+            &format!("flush_interval = \"soon\"\n{HANDLER}"),
+            "1: key flush_interval: 'soon' is not a duration",
+        );
+        assert_error(
+            &format!("durability = \"sync\"\nflush_interval = \"0ms\"\n{HANDLER}"),
+            "2: key flush_interval: must be more than 0",
+        );
         assert_error(
             &format!("durability = \"batched\"\nflush_interval = \"1ns\"\n{HANDLER}"),
             "2: key flush_interval: must be at least 1ms",

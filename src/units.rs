@@ -185,7 +185,15 @@ pub fn parse_time(text: &str, now_ms: u64) -> Result<u64, String> {
         return Err(before_1970());
     }
     match humantime::parse_duration(text) {
-        Ok(d) => Ok(now_ms.saturating_sub(d.as_millis() as u64)),
+        Ok(d) => {
+            let ago = parse_duration(text)?.as_millis() as u64;
+            if d > Duration::ZERO && ago > now_ms {
+                return Err(format!(
+                    "'{text}' ago is before 1970, where berth's times begin"
+                ));
+            }
+            Ok(now_ms - ago)
+        }
         Err(_) => Err(format!(
             "'{text}' is not a time (expected RFC 3339 such as 2026-11-30T12:00:00Z or \
              2026-11-30T13:00:00+01:00, or a duration ago such as 90m)"
@@ -271,6 +279,20 @@ mod tests {
                 .unwrap_err()
                 .contains("not a time")
         );
+        // A duration ago: no more than 100 years, and not before 1970.
+        let now = 1_796_040_000_000;
+        assert_eq!(
+            parse_time("60y", now),
+            Err("'60y' ago is before 1970, where berth's times begin".to_string())
+        );
+        assert!(
+            parse_time("101y", now)
+                .unwrap_err()
+                .contains("longer than 100 years"),
+            "{:?}",
+            parse_time("101y", now)
+        );
+        assert_eq!(parse_time("0s", 0), Ok(0));
         assert_eq!(format_age(0, 59_999), "59s");
         assert_eq!(format_age(0, 3_600_000), "1h");
         assert_eq!(format_age(5, 0), "0s");
