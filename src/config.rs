@@ -188,6 +188,8 @@ fn not_a_folder(path: &Path) -> Option<String> {
 pub struct Config {
     pub path: PathBuf,
     pub data_dir: PathBuf,
+    /// The line that gives `data_dir` (None: the default, `berth-data`).
+    pub data_dir_line: Option<usize>,
     pub node: Option<String>,
     pub tags: Vec<String>,
     pub durability: Durability,
@@ -527,12 +529,10 @@ impl Config {
                 "must not be empty (it would put the data next to the config file)",
             ));
         }
-        let data_dir = resolve(
-            &base,
-            raw.data_dir
-                .as_ref()
-                .map_or("berth-data", |s| s.get_ref().as_str()),
-        );
+        let data_dir = match &raw.data_dir {
+            Some(d) => cx.path(&base, d, "data_dir")?,
+            None => resolve(&base, "berth-data"),
+        };
         if let Some(n) = &raw.node {
             check_name("node", n.get_ref()).map_err(|e| cx.err(Some(n.span()), "node", e))?;
         }
@@ -544,6 +544,7 @@ impl Config {
         let backup = cx.backup(&raw.backup, &base, &data_dir)?;
         Ok(Config {
             path: path.to_path_buf(),
+            data_dir_line: raw.data_dir.as_ref().map(|d| cx.line_of(&d.span())),
             data_dir,
             node: engine.node.clone(),
             tags: raw.tags.iter().map(|t| t.get_ref().clone()).collect(),
@@ -565,6 +566,15 @@ impl Config {
 }
 
 impl Ctx<'_> {
+    /// The path a key gives, against the config's folder `base`; one that
+    /// no system call can take (a NUL byte) is refused with its line.
+    fn path(&self, base: &Path, p: &Spanned<String>, key: &str) -> Result<PathBuf, ConfigError> {
+        if p.get_ref().contains('\0') {
+            return Err(self.err(Some(p.span()), key, "the path contains a NUL byte"));
+        }
+        Ok(resolve(base, p.get_ref()))
+    }
+
     fn durability(&self, raw: &Raw) -> Result<Durability, ConfigError> {
         // Checked whatever the mode, so that a bad value is found before
         // someone turns `batched` on.
@@ -682,7 +692,7 @@ impl Ctx<'_> {
                 ));
             }
             Some(t) => {
-                let path = resolve(base, t.get_ref());
+                let path = self.path(base, t, "metrics.textfile")?;
                 let dir = path.parent().unwrap_or(base);
                 if self.on_this_machine {
                     let why = match not_a_folder(dir) {
@@ -790,7 +800,7 @@ impl Ctx<'_> {
             let span = b.keep.as_ref().map(|k| k.span());
             return Err(self.err(span, "backup.keep", "must be at least 1"));
         }
-        let folder = resolve(base, path.get_ref());
+        let folder = self.path(base, path, "backup.path")?;
         if path.get_ref().trim().is_empty() {
             return Err(self.err(Some(path.span()), "backup.path", "must not be empty"));
         }
@@ -843,7 +853,10 @@ impl Ctx<'_> {
                 &format!("{key}.timeout"),
                 Duration::from_secs(600),
             )?;
-            let cwd = resolve(base, hr.cwd.as_ref().map_or(".", |c| c.get_ref().as_str()));
+            let cwd = match &hr.cwd {
+                Some(c) => self.path(base, c, &format!("{key}.cwd"))?,
+                None => resolve(base, "."),
+            };
             if self.on_this_machine
                 && let Some(why) = not_a_folder(&cwd)
             {

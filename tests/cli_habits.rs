@@ -277,6 +277,80 @@ fn reading_never_writes_and_a_folder_that_is_not_a_data_dir_is_refused() {
             .collect();
         assert_eq!(names, ["notes.txt"], "{args:?} wrote into the folder");
     }
+    // A file: every command says so.
+    let file = root.path().join("afile");
+    std::fs::write(&file, b"mine").expect("file");
+    for args in [
+        &["queue", "list"][..],
+        &["task", "remove", "1"],
+        &["enqueue", "--queue", "main", "--kind", "K", "--name", "a"],
+    ] {
+        let o = berth(&file, args);
+        common::assert_refused(
+            &o,
+            1,
+            "afile is a file, not a folder: a data dir is a folder",
+        );
+        assert_eq!(std::fs::read(&file).expect("read"), b"mine");
+    }
+}
+
+#[test]
+fn check_refuses_a_data_dir_that_run_would_refuse() {
+    // `berth check` answers for the data dir `berth run` would use: a file,
+    // or a folder with other things in it, is bad input (exit 2) naming
+    // where that data dir comes from; `run` refuses it as well.
+    let root = tempdir();
+    let cfg = root.path().join("berth.toml");
+    std::fs::write(root.path().join("afile"), b"mine").expect("file");
+    let other = root.path().join("other");
+    std::fs::create_dir(&other).expect("mkdir");
+    std::fs::write(other.join("notes.txt"), b"mine").expect("file");
+    let handler = "[handlers.K]\ncommand = [\"true\"]\n";
+    let run = |text: &str, args: &[&str]| {
+        std::fs::write(&cfg, text).expect("config");
+        Command::new(common::berth_bin())
+            .current_dir(root.path())
+            .arg("--config")
+            .arg(&cfg)
+            .args(args)
+            .output()
+            .expect("berth")
+    };
+    let file_says = "afile is a file, not a folder: a data dir is a folder";
+    let o = run(&format!("data_dir = \"afile\"\n{handler}"), &["check"]);
+    common::assert_refused(
+        &o,
+        2,
+        &format!(
+            "berth.toml:1: key data_dir: {}",
+            root.path().join("afile").display()
+        ),
+    );
+    common::assert_refused(&o, 2, file_says);
+    let o = run(
+        &format!("data_dir = \"afile\"\n{handler}"),
+        &["run", "--until-idle"],
+    );
+    common::assert_refused(&o, 1, file_says);
+    let o = run(handler, &["--data-dir", "other", "check"]);
+    common::assert_refused(&o, 2, "berth: --data-dir: other is not a berth data dir");
+    let o = run(&format!("data_dir = \"a\\u0000b\"\n{handler}"), &["check"]);
+    common::assert_refused(
+        &o,
+        2,
+        "berth.toml:1: key data_dir: the path contains a NUL byte",
+    );
+    // A data dir, or one not there yet, is what `run` takes.
+    let o = run(handler, &["--data-dir", "new/data", "check"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!root.path().join("new").exists(), "check made nothing");
+    common::enqueue_id(
+        &root.path().join("data"),
+        &["--queue", "main", "--kind", "K", "--name", "a"],
+    );
+    let o = run(&format!("data_dir = \"data\"\n{handler}"), &["check"]);
+    assert!(o.status.success(), "{}", stderr(&o));
 }
 
 #[test]

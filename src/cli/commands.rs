@@ -313,7 +313,16 @@ fn check(s: &Session) -> Result<(), CliError> {
         .clone()
         .ok_or_else(|| CliError::input("berth check needs --config FILE (or BERTH_CONFIG)"))?;
     // As `berth run` would: `--data-dir` or `BERTH_DATA_DIR` wins.
+    let place = match c.data_dir_line {
+        _ if c.data_dir != s.dir => "--data-dir".to_string(),
+        Some(line) => format!("{}:{line}: key data_dir", c.path.display()),
+        None => format!("{}: data_dir (by default)", c.path.display()),
+    };
     c.data_dir = s.dir.clone();
+    // What `berth run` would refuse to make a data dir of: a file, or a
+    // folder that holds other things.
+    berth::store::may_become_data_dir(&c.data_dir)
+        .map_err(|e| CliError::input(format!("{place}: {e}")))?;
     super::daemon::check_backup_folder(&c)?;
     let kinds: Vec<&str> = c.handlers.keys().map(String::as_str).collect();
     out(&format!(

@@ -44,6 +44,11 @@ pub enum OpenError {
         dir.display()
     )]
     NotADataDir { dir: PathBuf },
+    #[error(
+        "{} is {what}, not a folder: a data dir is a folder; nothing was read or changed",
+        dir.display()
+    )]
+    NotAFolder { dir: PathBuf, what: &'static str },
     #[error("cannot use data dir {}: {op}: {source}", dir.display())]
     Io {
         dir: PathBuf,

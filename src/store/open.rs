@@ -59,6 +59,37 @@ use crate::task::Status;
 /// How often a daemon waiting for commands says so in the log.
 const WAIT_LOG_EVERY: Duration = Duration::from_secs(10);
 
+/// Whether an open that creates the data dir (`berth run`, an `enqueue`)
+/// would take `dir`, as far as what it is tells: a berth data dir, or a
+/// folder that is not there yet or holds nothing but berth's own names.
+/// Only such a folder becomes a data dir: a mistyped path to some other
+/// folder, or to a file, is refused before anything is written into it.
+/// `berth check` asks this of the data dir `berth run` would use.
+pub fn may_become_data_dir(dir: &Path) -> Result<(), OpenError> {
+    not_a_folder(dir)?;
+    if !files::is_data_dir(dir) && !files::holds_only_berth_names(dir) {
+        return Err(OpenError::NotADataDir {
+            dir: dir.to_path_buf(),
+        });
+    }
+    Ok(())
+}
+
+/// Refuses a `dir` that exists but is no folder (nor a link to one).
+fn not_a_folder(dir: &Path) -> Result<(), OpenError> {
+    match std::fs::metadata(dir) {
+        Ok(m) if !m.is_dir() => Err(OpenError::NotAFolder {
+            dir: dir.to_path_buf(),
+            what: if m.is_file() {
+                "a file"
+            } else {
+                crate::frame::file_kind(m.file_type()).unwrap_or("not a folder")
+            },
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Step 1: the data dir exists with mode 0700 (created if asked, or taken
 /// if it is an empty folder). To read or to change it, it must exist and be
 /// a berth data dir; to read, nothing in it is changed.
@@ -68,14 +99,15 @@ fn prepare_dir(dir: &Path, opts: &Options) -> Result<(), OpenError> {
             dir: dir.to_path_buf(),
         });
     }
-    // Only a new folder, or one holding nothing but berth's own names,
-    // becomes a data dir: a mistyped path to some other folder is refused
-    // before anything is written into it.
-    let fresh = files::holds_only_berth_names(dir);
-    if !files::is_data_dir(dir) && (opts.read_only || !opts.create || !fresh) {
-        return Err(OpenError::NotADataDir {
-            dir: dir.to_path_buf(),
-        });
+    if opts.read_only || !opts.create {
+        not_a_folder(dir)?;
+        if !files::is_data_dir(dir) {
+            return Err(OpenError::NotADataDir {
+                dir: dir.to_path_buf(),
+            });
+        }
+    } else {
+        may_become_data_dir(dir)?;
     }
     if opts.read_only {
         return Ok(());
