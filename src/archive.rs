@@ -50,8 +50,13 @@ const LEVEL: i32 = 3;
 pub enum ArchiveError {
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: io::Error },
-    #[error("{path}: not a berth archive segment ({why})")]
-    Invalid { path: PathBuf, why: String },
+    #[error("{path}: not a {what} ({why})")]
+    Invalid {
+        path: PathBuf,
+        /// "berth archive segment" or "berth checkpoint" ([`what_of`]).
+        what: &'static str,
+        why: String,
+    },
     #[error("{path}: record {index} is corrupt: {why}")]
     Record {
         path: PathBuf,
@@ -127,6 +132,16 @@ pub(crate) fn write_file(
 
 use frame::{u32_at, u64_at};
 
+/// What a file with `magic` is, in messages: a segment (this module's
+/// magic), or a checkpoint (the one other file of this layout).
+fn what_of(magic: &[u8; 8]) -> &'static str {
+    if magic == MAGIC {
+        "berth archive segment"
+    } else {
+        "berth checkpoint"
+    }
+}
+
 /// Checks a segment's header (only) and says what it holds.
 fn parse_header(
     path: &Path,
@@ -135,6 +150,7 @@ fn parse_header(
 ) -> Result<(SegmentInfo, u64, u64), ArchiveError> {
     let invalid = |why: String| ArchiveError::Invalid {
         path: path.to_path_buf(),
+        what: what_of(magic),
         why,
     };
     if bytes.len() < HEADER + 4 {
@@ -215,6 +231,7 @@ pub(crate) fn decode_file(
     let raw = frame::inflate(&bytes[HEADER..bytes.len() - 4], raw_len, MAX_SEGMENT_BYTES).map_err(
         |why| ArchiveError::Invalid {
             path: path.to_path_buf(),
+            what: what_of(magic),
             why,
         },
     )?;
@@ -232,7 +249,7 @@ pub fn segment_from_bytes(
 }
 
 fn decode_records(path: &Path, raw: &[u8], count: u32) -> Result<Vec<CommitRecord>, ArchiveError> {
-    split_records(path, raw, count)?
+    split_records(path, MAGIC, raw, count)?
         .par_iter()
         .enumerate()
         .map(|(index, r)| {
@@ -248,6 +265,7 @@ fn decode_records(path: &Path, raw: &[u8], count: u32) -> Result<Vec<CommitRecor
 /// Cuts the decompressed records apart by their length prefixes.
 pub(crate) fn split_records<'a>(
     path: &Path,
+    magic: &[u8; 8],
     raw: &'a [u8],
     count: u32,
 ) -> Result<Vec<&'a [u8]>, ArchiveError> {
@@ -259,6 +277,7 @@ pub(crate) fn split_records<'a>(
     if out.len() != count as usize {
         return Err(ArchiveError::Invalid {
             path: path.to_path_buf(),
+            what: what_of(magic),
             why: format!("it holds {} records, its header says {count}", out.len()),
         });
     }

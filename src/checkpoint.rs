@@ -133,7 +133,7 @@ pub fn read(path: &Path) -> Result<Snapshot, ArchiveError> {
 /// them in errors).
 pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Snapshot, ArchiveError> {
     let (info, raw) = archive::decode_file(path, MAGIC, bytes)?;
-    let slices = archive::split_records(path, &raw, info.records)?;
+    let slices = archive::split_records(path, MAGIC, &raw, info.records)?;
     let bad = |index: usize, why: String| ArchiveError::Record {
         path: path.to_path_buf(),
         index,
@@ -294,10 +294,18 @@ mod tests {
             let mut bad = good.clone();
             bad[at] ^= 0x10;
             std::fs::write(&path, &bad).unwrap();
-            assert!(read(&path).is_err(), "a flip at {at} was read");
+            let e = read(&path).expect_err(&format!("a flip at {at} was read"));
+            assert!(e.to_string().contains("not a berth checkpoint ("), "{e}");
         }
         std::fs::write(&path, &good[..good.len() - 7]).unwrap();
         let e = read(&path).unwrap_err().to_string();
         assert!(e.contains("ckpt-"), "{e}");
+        assert!(e.contains(": not a berth checkpoint ("), "{e}");
+        std::fs::write(&path, b"").unwrap();
+        let e = read(&path).unwrap_err().to_string();
+        assert!(
+            e.ends_with(": not a berth checkpoint (0 bytes is too short)"),
+            "{e}"
+        );
     }
 }
