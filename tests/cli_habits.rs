@@ -544,6 +544,9 @@ fn a_config_that_cannot_work_is_refused_with_its_file_line_and_key() {
             ),
         );
     }
+    // Without the backup folder in it, `other` is an empty folder, which
+    // `berth run` would make its data dir.
+    std::fs::remove_dir(other.join("backups")).expect("rmdir");
     std::fs::write(&cfg, "[handlers.K]\ncommand = [\"true\"]\n").expect("config");
     for env in [false, true] {
         let o = check(env);

@@ -702,12 +702,12 @@ fn a_database_older_than_its_high_water_mark_is_refused_until_the_mark_is_remove
     assert!(mark.contains("next_event 7\nnext_id 7\n"), "{mark}");
     std::fs::remove_dir_all(dir.join("db")).expect("rm db");
     copy_dir(&old, &dir.join("db"));
-    // What the refusals may not change: all but the lock file (which says
-    // who holds it) and sled's snapshot file (which sled's open rewrites
-    // from its log: its own housekeeping, the same state).
+    // What the refusals may not change: all but sled's snapshot file
+    // (which sled's open rewrites from its log: its own housekeeping, the
+    // same state). The lock file's holder line is put back.
     let hashes = || {
         let mut h = common::file_hashes(&dir);
-        h.retain(|(p, _)| !p.ends_with("berth.lock") && !p.contains("/db/snap."));
+        h.retain(|(p, _)| !p.contains("/db/snap."));
         h
     };
     let before = hashes();
@@ -742,9 +742,20 @@ fn a_database_older_than_its_high_water_mark_is_refused_until_the_mark_is_remove
         "berth high-water mark 1\nnext_event x\nnext_id 7\ncrc32 00000000\n",
     )
     .expect("w");
-    let o = run(&dir, &["queue", "list"]);
-    common::assert_refused(&o, 1, "its high-water mark");
-    assert!(stderr(&o).contains("is not a number"), "{}", stderr(&o));
+    // It is refused before sled opens: no file changes at all.
+    let before = common::file_hashes(&dir);
+    for args in [
+        vec!["queue", "list"],
+        vec!["task", "remove", "1"],
+        vec![
+            "enqueue", "--queue", "main", "--kind", "K", "--name", "again",
+        ],
+    ] {
+        let o = run(&dir, &args);
+        common::assert_refused(&o, 1, "its high-water mark");
+        assert!(stderr(&o).contains("is not a number"), "{}", stderr(&o));
+        assert_eq!(common::file_hashes(&dir), before, "{args:?}");
+    }
     // Removed on purpose: the older state opens, and numbering goes on
     // from it (the ids of the lost commits are given again).
     std::fs::remove_file(dir.join("berth.high")).expect("rm mark");
@@ -753,6 +764,35 @@ fn a_database_older_than_its_high_water_mark_is_refused_until_the_mark_is_remove
     let mark = std::fs::read_to_string(dir.join("berth.high")).expect("berth.high");
     assert!(mark.contains("next_event 5\nnext_id 5\n"), "{mark}");
     assert_verify_ok(&dir);
+}
+
+/// A data dir whose database is gone is refused by every command, and the
+/// refusal changes no file: not even the lock's holder line.
+#[test]
+fn a_lost_database_is_refused_and_the_refusal_changes_no_file() {
+    let root = common::tempdir();
+    let dir = root.path().join("data");
+    let o = run(
+        &dir,
+        &["enqueue", "--queue", "main", "--kind", "K", "--name", "a"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::remove_dir_all(dir.join("db")).expect("rm db");
+    let before = common::file_hashes(&dir);
+    assert!(before.iter().any(|(p, _)| p.ends_with("berth.lock")));
+    for args in [
+        vec!["task", "cancel", "1"],
+        vec!["task", "remove", "1"],
+        vec![
+            "enqueue", "--queue", "main", "--kind", "K", "--name", "b", "--after", "1",
+        ],
+        vec!["enqueue", "--queue", "main", "--kind", "K", "--name", "b"],
+        vec!["queue", "list"],
+    ] {
+        let o = run(&dir, &args);
+        common::assert_refused(&o, 1, "its data was lost");
+        assert_eq!(common::file_hashes(&dir), before, "{args:?}");
+    }
 }
 
 /// A running daemon keeps the mark up with its commits (every 5 s), not

@@ -319,11 +319,11 @@ fn check(s: &Session) -> Result<(), CliError> {
         None => format!("{}: data_dir (by default)", c.path.display()),
     };
     c.data_dir = s.dir.clone();
+    super::daemon::check_backup_folder(&c)?;
     // What `berth run` would refuse to make a data dir of: a file, or a
     // folder that holds other things.
     berth::store::may_become_data_dir(&c.data_dir)
         .map_err(|e| CliError::input(format!("{place}: {e}")))?;
-    super::daemon::check_backup_folder(&c)?;
     let kinds: Vec<&str> = c.handlers.keys().map(String::as_str).collect();
     out(&format!(
         "ok: {}: data dir {}, node {}, {} parallel queues, {} handler(s): {}\n",

@@ -257,8 +257,10 @@ impl Session {
     /// on the data dir opened to write (and is checked there again, against
     /// the state then). A data dir that does not exist yet (no folder, or a
     /// folder without `berth.dir` and `db/`, which an `enqueue` would make
-    /// one) holds no task to anchor to; one that does not open to read is
-    /// left to the writable open to report.
+    /// one) holds no task to anchor to. One that does not open to read is
+    /// refused with that error when it is lost, damaged or of another
+    /// format (no open mends that); other errors (in use, say) are left to
+    /// the writable open.
     fn rehearse(&self, req: &Request) -> Result<(), OpError> {
         let is_data_dir = ["berth.dir", "db"]
             .iter()
@@ -269,8 +271,17 @@ impl Session {
                 None => Ok(()),
             };
         }
-        let Ok(store) = Store::open(&self.dir, self.options(Access::Read), clock::system()) else {
-            return Ok(());
+        let store = match Store::open(&self.dir, self.options(Access::Read), clock::system()) {
+            Ok(store) => store,
+            // What no open can mend is refused here, before the writable
+            // open writes its lock line and sled its marks.
+            Err(
+                e @ (OpenError::Lost { .. }
+                | OpenError::Damaged { .. }
+                | OpenError::Format { .. }
+                | OpenError::NotAFolder { .. }),
+            ) => return Err(e.into()),
+            Err(_) => return Ok(()),
         };
         match self.execute(&store, req.clone(), None) {
             Err(e) if !e.is_read_only_refusal() => Err(e),

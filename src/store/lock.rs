@@ -53,8 +53,22 @@ const STARTING: &str = "berth.starting";
 
 #[derive(Debug)]
 pub struct DirLock {
-    _file: File,
+    file: File,
     path: PathBuf,
+    /// The holder line this lock replaced, put back when the lock goes
+    /// before the open it was taken for succeeded ([`DirLock::opened`]):
+    /// a refused open leaves `berth.lock` as it was.
+    previous: Option<Vec<u8>>,
+}
+
+impl Drop for DirLock {
+    fn drop(&mut self) {
+        if let Some(previous) = self.previous.take() {
+            let _ = self.file.set_len(0);
+            let _ = self.file.seek(SeekFrom::Start(0));
+            let _ = self.file.write_all(&previous);
+        }
+    }
 }
 
 pub enum LockError {
@@ -74,11 +88,26 @@ impl DirLock {
             }
             Err(std::fs::TryLockError::Error(e)) => return Err(LockError::Io(e)),
         }
+        let mut previous = Vec::new();
+        (&mut file)
+            .take(128)
+            .read_to_end(&mut previous)
+            .map_err(LockError::Io)?;
         let line = format!("{} {}\n", role.word(), std::process::id());
         file.set_len(0).map_err(LockError::Io)?;
         file.seek(SeekFrom::Start(0)).map_err(LockError::Io)?;
         file.write_all(line.as_bytes()).map_err(LockError::Io)?;
-        Ok(DirLock { _file: file, path })
+        Ok(DirLock {
+            file,
+            path,
+            previous: Some(previous),
+        })
+    }
+
+    /// The open this lock was taken for succeeded: its holder line stays.
+    pub fn opened(mut self) -> Self {
+        self.previous = None;
+        self
     }
 
     /// Takes the lock on `dir` to read it, without writing anything: the
@@ -93,7 +122,11 @@ impl DirLock {
             Err(e) => return Err(LockError::Io(e)),
         };
         match file.try_lock() {
-            Ok(()) => Ok(Some(DirLock { _file: file, path })),
+            Ok(()) => Ok(Some(DirLock {
+                file,
+                path,
+                previous: None,
+            })),
             Err(std::fs::TryLockError::WouldBlock) => Err(LockError::Held(read_holder(&mut file))),
             Err(std::fs::TryLockError::Error(e)) => Err(LockError::Io(e)),
         }

@@ -430,33 +430,27 @@ impl Replayed {
 }
 
 /// Step 5's check: the re-applied database reaches the data dir's
-/// high-water mark (`mark`, read before anything else; see `high_mark`),
-/// or it is refused as damaged, and nothing it re-applied is flushed.
+/// high-water mark (`mark`, read before anything else, and refused there,
+/// before sled opens, when it cannot be read; see `high_mark`), or it is
+/// refused as damaged, and nothing it re-applied is flushed.
 /// Returns the mark.
 fn check_high_mark(
     o: &Opening<'_>,
     r: &Replayed,
-    mark: Result<Option<Mark>, String>,
+    mark: Option<Mark>,
 ) -> Result<Option<Mark>, OpenError> {
-    let refused = |detail: String| {
-        o.failed.refuse(o.tree, &detail);
-        OpenError::Damaged {
-            dir: o.dir.to_path_buf(),
-            detail,
-        }
+    let Some(m) = mark else {
+        return Ok(None);
     };
-    let path = o.dir.join(high_mark::FILE);
-    match mark {
-        Ok(None) => Ok(None),
-        Ok(Some(m)) => high_mark::check(o.dir, r.found(), m)
-            .map(|()| Some(m))
-            .map_err(refused),
-        Err(why) => Err(refused(format!(
-            "its high-water mark {} is damaged: {why}; to open the data dir without that \
-             check, remove it",
-            path.display()
-        ))),
-    }
+    high_mark::check(o.dir, r.found(), m)
+        .map(|()| Some(m))
+        .map_err(|detail| {
+            o.failed.refuse(o.tree, &detail);
+            OpenError::Damaged {
+                dir: o.dir.to_path_buf(),
+                detail,
+            }
+        })
 }
 
 /// Step 5: applies again, in order, every commit record after the applied
@@ -964,7 +958,16 @@ impl Store {
         let lock = lock_dir(dir, &opts)?;
         // Before the copy below: the mark a running daemon writes later may
         // cover commits the copy has not got (see `high_mark`).
-        let mark = high_mark::read(dir);
+        // A mark that cannot be read refuses the dir before sled opens (and
+        // writes): a refused open leaves the data dir as it was.
+        let mark = high_mark::read(dir).map_err(|why| OpenError::Damaged {
+            dir: dir.to_path_buf(),
+            detail: format!(
+                "its high-water mark {} is damaged: {why}; to open the data dir without that \
+                 check, remove it",
+                dir.join(high_mark::FILE).display()
+            ),
+        })?;
         // Before the copy too: a missing `db/` is a lost database, not a
         // failed copy.
         if let Err(files::Damage::Lost(what)) = files::check_not_lost(dir) {
@@ -1067,6 +1070,7 @@ impl Store {
         })??;
         let mut loaded = loaded;
         let live = loaded.live.take();
+        let lock = lock.map(DirLock::opened);
         let mut store = Store::start(dir, opts, clock, lock, trees, failed, loaded)?;
         store.read_copy = copy;
         let Some(live) = live else {
