@@ -590,7 +590,22 @@ fn serve_connection(shared: &Shared, id: u64, stream: &UnixStream, engine: &Engi
             idle = false;
         }
         let n = match reader.read(&mut buf) {
-            Ok(0) => return, // closed by the client, or shut by an eviction or a stop
+            Ok(0) => {
+                // Closed by the client (or shut by an eviction or a stop).
+                // A request it began but did not end with a newline is
+                // not run: say so, in case it still reads.
+                if !line.is_empty() {
+                    let cut = Response::err(
+                        CODE_INPUT,
+                        format!(
+                            "the request ended after {} bytes without a newline; nothing was done",
+                            line.len
+                        ),
+                    );
+                    let _ = send(stream, &cut, limits.write_timeout);
+                }
+                return;
+            }
             Ok(n) => n,
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
                 if shared.stopping() {
@@ -683,8 +698,25 @@ fn take_lines(
     taken
 }
 
+/// A request line at least this long is parsed while no other such line
+/// is: its parsed form (JSON values) can take many times its bytes (a
+/// list of small numbers about 20 times), so the lines the request budget
+/// holds are parsed one at a time, not all at once.
+const LARGE_REQUEST: usize = 1 << 20;
+
+/// Taken to parse a line of [`LARGE_REQUEST`] bytes or more.
+static PARSING_LARGE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn respond(engine: &Engine, line: &[u8]) -> Response {
-    let req = match parse_request(line) {
+    let parsed = if line.len() >= LARGE_REQUEST {
+        let _one = PARSING_LARGE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        parse_request(line)
+    } else {
+        parse_request(line)
+    };
+    let req = match parsed {
         Ok(req) => req,
         Err(r) => return r,
     };
@@ -804,6 +836,30 @@ mod tests {
             write_timeout: Duration::from_secs(30),
             stop_linger: Duration::from_millis(200),
         }
+    }
+
+    #[test]
+    fn a_request_cut_off_by_the_end_of_its_connection_is_refused_not_dropped() {
+        with_server(small(), |server, sock| {
+            let mut a = connect(sock);
+            a.write_all(br#"{"op":"enqueue","spec":{"queue":"main","kind":"K","name":"n"}}"#)
+                .expect("send");
+            a.shutdown(std::net::Shutdown::Write).expect("shutdown");
+            let answer = read_line(&a).expect("an answer, not a silent close");
+            let r: Response = serde_json::from_str(&answer).expect("JSON");
+            let e = r.error.expect("an error");
+            assert_eq!(e.code, CODE_INPUT);
+            assert_eq!(
+                e.message,
+                "the request ended after 62 bytes without a newline; nothing was done"
+            );
+            assert_eq!(read_line(&a), None, "then the connection closes");
+            // Nothing was enqueued.
+            let b = connect(sock);
+            let list = ask(&b, r#"{"op":"task_list","filter":{}}"#);
+            assert_eq!(list.result, serde_json::json!([]), "{list:?}");
+            assert_eq!(server.buffered(), 0);
+        });
     }
 
     #[test]

@@ -470,12 +470,21 @@ fn waits_for_parent<'a>(e: &Exported, by_id: &HashMap<u64, &'a Exported>) -> Opt
     (parent.place == Place::Queue).then_some(parent.task.queue.as_str())
 }
 
+/// Held by the import that reads and adds its file.
+static IMPORTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Adds the tasks of the export file at `path` (named `label` in messages,
 /// else by its path) in one commit, all or nothing, with new ids. Returns
 /// `{"tasks", "first", "last", "ids": {"OLD": NEW, ...}}`.
 pub fn import(ctx: &Ctx<'_>, path: &Path, label: Option<&str>) -> Result<Value, OpError> {
     let name = label.map_or_else(|| path.display().to_string(), str::to_string);
     absolute(path)?;
+    // One import at a time holds its file in memory (up to
+    // MAX_EXPORT_FILE): a daemon's clients cannot multiply that. Imports
+    // write in one commit each anyway.
+    let _one = IMPORTING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let export = read_export(path, &name)?;
     let store = ctx
         .store
