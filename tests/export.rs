@@ -1102,6 +1102,52 @@ fn an_import_request_with_a_relative_path_is_refused() {
 }
 
 #[test]
+fn an_export_request_for_a_path_that_names_no_file_is_bad_input() {
+    use berth::ops::{Class, Ctx, Request, execute};
+    let dir = tempdir();
+    let store = Store::open(
+        &dir.path().join("data"),
+        Options::default(),
+        berth::clock::system(),
+    )
+    .unwrap();
+    let folder = dir.path().display().to_string();
+    for (path, says) in [
+        (String::new(), "the export file's path is empty".to_string()),
+        (
+            format!("{folder}/sub/"),
+            format!("{folder}/sub/: names a folder (it ends with '/'), not a file"),
+        ),
+        (
+            format!("{folder}/a\0b.bex"),
+            format!("{folder}/a\0b.bex: the export file's path contains a NUL byte"),
+        ),
+    ] {
+        let e = execute(
+            &Ctx::direct(Some(&store), None),
+            Request::Export {
+                path: PathBuf::from(&path),
+                queues: vec![],
+                statuses: vec![],
+                history: false,
+                targets: vec![],
+            },
+        )
+        .unwrap_err();
+        assert_eq!(
+            (e.class, e.message.as_str()),
+            (Class::Input, says.as_str()),
+            "{path:?}"
+        );
+    }
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["data"], "nothing was written");
+}
+
+#[test]
 fn an_import_request_for_a_fifo_or_a_device_is_refused_at_once() {
     // A FIFO no one writes to would block the open (and, in a daemon, the
     // connection's thread and its stop) for good; a device is no export.

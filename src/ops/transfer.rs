@@ -124,13 +124,18 @@ pub fn export(ctx: &Ctx<'_>, path: &Path, sel: &Selection) -> Result<Value, OpEr
 /// from: a relative one would be taken from wherever the daemon runs, not
 /// from where the client is.
 fn absolute(path: &Path) -> Result<(), OpError> {
-    match path.is_absolute() {
-        true => Ok(()),
-        false => Err(OpError::input(format!(
-            "{}: the export file's path must be absolute",
-            path.display()
-        ))),
-    }
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = path.as_os_str().as_bytes();
+    let why = if bytes.is_empty() {
+        return Err(OpError::input("the export file's path is empty"));
+    } else if !path.is_absolute() {
+        "the export file's path must be absolute"
+    } else if bytes.contains(&0) {
+        "the export file's path contains a NUL byte"
+    } else {
+        return Ok(());
+    };
+    Err(OpError::input(format!("{}: {why}", path.display())))
 }
 
 /// An export goes to an absolute path in an existing folder, outside the
@@ -143,8 +148,15 @@ fn check_output(store: &Store, path: &Path) -> Result<(), OpError> {
             "the export file's path is not valid UTF-8 (requests name files as text)".into(),
         );
     }
-    let Some(folder) = path.parent().filter(|_| path.file_name().is_some()) else {
-        return bad("names no file".into());
+    let names_a_folder = path.as_os_str().to_str().is_some_and(|p| p.ends_with('/'));
+    let Some(folder) = path
+        .parent()
+        .filter(|_| path.file_name().is_some() && !names_a_folder)
+    else {
+        return bad(match names_a_folder {
+            true => "names a folder (it ends with '/'), not a file".into(),
+            false => "names no file".into(),
+        });
     };
     let Ok(folder) = folder.canonicalize() else {
         return bad(format!("the folder {} does not exist", folder.display()));
