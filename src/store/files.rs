@@ -138,6 +138,10 @@ pub(crate) fn check_not_lost(dir: &Path) -> Result<(), Damage> {
     let size = |name: &str| fs::metadata(db.join(name)).ok().map(|m| m.len());
     let lost = match (db.exists(), size("conf"), size("db")) {
         (false, _, _) => Some(format!("its database folder {} is missing", db.display())),
+        (true, _, _) if !db.is_dir() => Some(format!(
+            "its database folder {} is not a folder",
+            db.display()
+        )),
         (true, None, _) => Some(format!("{} is missing", db.join("conf").display())),
         // sled treats a conf of 8 bytes or less as absent.
         (true, Some(0), _) => Some(format!("{} is empty (0 bytes)", db.join("conf").display())),

@@ -248,9 +248,16 @@ fn open_sled(dir: &Path, db: &Path, opts: &Options) -> Result<Trees, OpenError> 
                 source,
             })
         }
-        Ok(Err(e @ (sled::Error::Corruption { .. } | sled::Error::ReportableBug(_)))) => {
-            Err(damaged(e.to_string()))
+        // sled's own text for this ("Read corrupted data at file offset
+        // None backtrace ()") is for its developers.
+        Ok(Err(sled::Error::Corruption { at, .. })) => {
+            let db = dir.join(files::DB).join("db");
+            Err(damaged(match at {
+                Some(at) => format!("sled found corrupted data in {} ({at:?})", db.display()),
+                None => format!("sled found corrupted data in {}", db.display()),
+            }))
         }
+        Ok(Err(e @ sled::Error::ReportableBug(_))) => Err(damaged(e.to_string())),
         // What sled 0.34 says of a `conf` it cannot parse: every berth has
         // written its databases with sled 0.34, so the file is damaged.
         Ok(Err(sled::Error::Unsupported(why))) => Err(damaged(format!(
