@@ -99,10 +99,83 @@ impl Response {
     }
 }
 
-/// Parses one request line.
+/// Parses one request line; an error names the field at fault where it
+/// can ([`place_of`]).
 fn parse_request(line: &[u8]) -> Result<Request, Response> {
-    serde_json::from_slice(line)
-        .map_err(|e| Response::err(CODE_INPUT, format!("malformed request: {e}")))
+    serde_json::from_slice(line).map_err(|e| {
+        let why = placed(line, &e).unwrap_or_else(|| e.to_string());
+        Response::err(CODE_INPUT, format!("malformed request: {why}"))
+    })
+}
+
+/// The most top-level fields [`placed`] tries one by one.
+const MAX_FIELDS: usize = 16;
+
+/// Why a request does not parse (`e`), with where the fault is: `field
+/// id: ...`, `field spec.ttl: ...` or `field tasks, entry 2 of 3, field
+/// name: ...`; None when no field can be named. The request is parsed as
+/// bare JSON (serde's tagged request says what is wrong, but not where):
+/// a spec, a batch entry or a filter is read on its own, which names its
+/// field; a top-level field is found by taking each away in turn until the
+/// request parses, or misses just that field. Only run on a refused line.
+fn placed(line: &[u8], e: &serde_json::Error) -> Option<String> {
+    use crate::ops::TaskFilter;
+    use crate::task::TaskSpec;
+    let Ok(Value::Object(o)) = serde_json::from_slice::<Value>(line) else {
+        return None; // not JSON, or not an object: serde says where
+    };
+    let nested = |key: &str, e: serde_path_to_error::Error<serde_json::Error>| match e
+        .path()
+        .to_string()
+        .as_str()
+    {
+        "." => format!("field {key}: {}", e.inner()),
+        path => format!("field {key}.{path}: {}", e.inner()),
+    };
+    match (o.get("op").and_then(Value::as_str), &o) {
+        (Some("enqueue"), o) if o.contains_key("spec") => {
+            if let Err(e) = serde_path_to_error::deserialize::<_, TaskSpec>(&o["spec"]) {
+                return Some(nested("spec", e));
+            }
+        }
+        (Some("task_list"), o) if o.contains_key("filter") => {
+            if let Err(e) = serde_path_to_error::deserialize::<_, TaskFilter>(&o["filter"]) {
+                return Some(nested("filter", e));
+            }
+        }
+        (Some("enqueue_batch"), o) if o.contains_key("tasks") => {
+            // A key given twice in an entry is seen in the text only (the
+            // parsed JSON keeps one): the request has the batch document's
+            // shape, `op` aside.
+            let text = std::str::from_utf8(line).unwrap_or_default();
+            if let Err(why) = crate::submit::parse_batch(text)
+                && why.contains(": duplicate field `")
+            {
+                return Some(format!("field tasks, {why}"));
+            }
+            let batch = serde_json::json!({ "tasks": o["tasks"] }).to_string();
+            if let Err(why) = crate::submit::parse_batch(&batch) {
+                return Some(format!("field tasks, {why}"));
+            }
+        }
+        _ => {}
+    }
+    // A request has a few fields; more are unknown ones, which serde
+    // names (and trying each would cost their square).
+    if o.len() > MAX_FIELDS {
+        return None;
+    }
+    o.keys().filter(|k| k.as_str() != "op").find_map(|k| {
+        let mut without = o.clone();
+        without.remove(k);
+        match serde_json::from_value::<Request>(Value::Object(without)) {
+            Ok(_) => Some(format!("field {k}: {e}")),
+            Err(m) if m.to_string().starts_with(&format!("missing field `{k}`")) => {
+                Some(format!("field {k}: {e}"))
+            }
+            Err(_) => None,
+        }
+    })
 }
 
 /// Writes all of `data` before `deadline`, or fails with `TimedOut`.
@@ -166,6 +239,53 @@ mod tests {
                     assert!(e.message.contains("unknown field `bogus`"), "{bad}: {e:?}");
                 }
             }
+        }
+        // The refusal names the field at fault.
+        let spec = |extra: &str| format!(r#"{{"queue":"main","kind":"K","name":"n"{extra}}}"#);
+        for (line, says) in [
+            (
+                r#"{"op":"queue_list","all":"yes"}"#.to_string(),
+                r#"field all: invalid type: string "yes", expected a boolean"#,
+            ),
+            (
+                r#"{"op":"task_show","id":"7"}"#.to_string(),
+                r#"field id: invalid type: string "7", expected u64"#,
+            ),
+            (
+                format!(r#"{{"op":"enqueue","spec":{}}}"#, spec(r#","ttl":"0ms""#)),
+                "field spec.ttl: '0ms': must be at least 1ms",
+            ),
+            (
+                format!(
+                    r#"{{"op":"enqueue_batch","tasks":[{},{}]}}"#,
+                    spec(""),
+                    r#"{"queue":"main","kind":"K","name":5}"#
+                ),
+                "field tasks, entry 2 of 2, field name: invalid type: integer `5`, expected a string",
+            ),
+            (
+                format!(
+                    r#"{{"op":"enqueue_batch","tasks":[{},{}]}}"#,
+                    spec(""),
+                    spec(r#","name":"m""#)
+                ),
+                "field tasks, entry 2 of 2: duplicate field `name`",
+            ),
+            (
+                r#"{"op":"task_list","filter":{"statuses":"live"}}"#.to_string(),
+                "field filter.statuses: invalid type: string \"live\", expected a sequence",
+            ),
+        ] {
+            let e = parse_request(line.as_bytes())
+                .expect_err(&line)
+                .error
+                .expect("an error");
+            assert_eq!(e.code, CODE_INPUT);
+            assert!(
+                e.message.starts_with(&format!("malformed request: {says}")),
+                "{line}: {}",
+                e.message
+            );
         }
         assert_eq!(
             serde_json::to_string(&Request::QueueList { all: false })
