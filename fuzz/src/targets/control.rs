@@ -11,8 +11,9 @@
 //! Asserts:
 //! - every request line gets exactly one response line, in order: a line
 //!   of at most 4 KiB gets its answer, a longer one gets `request is over`
-//!   and ends the connection, and an unfinished last line gets nothing
-//!   unless it is already too long;
+//!   and ends the connection, and an unfinished last line (no newline
+//!   before the input's end) gets `the request ended after N bytes
+//!   without a newline` (code 2), or `request is over` when too long;
 //! - every response is a JSON object with either a `result` or an `error`
 //!   whose code is 1, 2 or 3;
 //! - a line that is not a valid request gets code 2 (`malformed request`),
@@ -112,6 +113,8 @@ static DAEMON: Mutex<Option<Daemon>> = Mutex::new(None);
 enum Expect<'a> {
     Answer(&'a [u8]),
     TooLong,
+    /// A last line of this many bytes with no newline.
+    CutOff(usize),
 }
 
 fn expected(data: &[u8]) -> Vec<Expect<'_>> {
@@ -128,6 +131,8 @@ fn expected(data: &[u8]) -> Vec<Expect<'_>> {
     }
     if rest.len() > MAX_REQUEST {
         out.push(Expect::TooLong);
+    } else if !rest.is_empty() {
+        out.push(Expect::CutOff(rest.len()));
     }
     out
 }
@@ -192,6 +197,20 @@ pub fn control(data: &[u8]) {
             assert!((1..=3).contains(&e.code), "error code {}: {shown}", e.code);
         }
         match want {
+            Expect::CutOff(n) => {
+                let e = r.error.as_ref().expect("a line with no newline is refused");
+                assert_eq!(
+                    (e.code, e.message.as_str()),
+                    (
+                        2,
+                        format!(
+                            "the request ended after {n} bytes without a newline; nothing was done"
+                        )
+                        .as_str()
+                    ),
+                    "{shown}"
+                );
+            }
             Expect::TooLong => {
                 let e = r.error.as_ref().expect("an over-long line is refused");
                 assert!(
