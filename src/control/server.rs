@@ -594,7 +594,8 @@ fn serve_connection(shared: &Shared, id: u64, stream: &UnixStream, engine: &Engi
                 // Closed by the client (or shut by an eviction or a stop).
                 // A request it began but did not end with a newline is
                 // not run: say so, in case it still reads.
-                if !line.is_empty() {
+                // (A stop shuts the connection both ways: no answer.)
+                if !line.is_empty() && !shared.stopping() {
                     let cut = Response::err(
                         CODE_INPUT,
                         format!(
