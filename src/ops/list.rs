@@ -51,6 +51,24 @@ pub const STATUS_WORDS: [&str; 11] = [
     "elsewhere",
 ];
 
+/// What an error about a filter calls its parts: the command's flags
+/// (`--status`), or the request's fields after a prefix (`filter.statuses`
+/// for `task_list`, `statuses` for `export`), for a client of the socket.
+#[derive(Debug, Clone, Copy)]
+pub enum Naming {
+    Flags,
+    Fields(&'static str),
+}
+
+impl Naming {
+    pub fn of(self, flag: &str, field: &str) -> String {
+        match self {
+            Naming::Flags => flag.to_string(),
+            Naming::Fields(prefix) => format!("{prefix}{field}"),
+        }
+    }
+}
+
 impl TaskFilter {
     /// Checks the status words, and the names: a queue, kind or node name
     /// that no task can have (`enqueue` refuses it) is an error naming its
@@ -59,11 +77,21 @@ impl TaskFilter {
     /// than the tasks it reads: at most [`MAX_FILTER_NAMES`] names in a
     /// list, and a name pattern no longer than the longest name.
     pub fn validate(&self) -> Result<(), OpError> {
+        self.validate_named(Naming::Flags)
+    }
+
+    /// [`TaskFilter::validate`], its errors naming the flags or the
+    /// request's fields (`naming`).
+    pub fn validate_named(&self, naming: Naming) -> Result<(), OpError> {
+        let queue = naming.of("--queue", "queues");
+        let kind = naming.of("--kind", "kinds");
+        let target = naming.of("--target", "targets");
+        let status = naming.of("--status", "statuses");
         for (flag, list) in [
-            ("--queue", &self.queues),
-            ("--kind", &self.kinds),
-            ("--target", &self.targets),
-            ("--status", &self.statuses),
+            (&queue, &self.queues),
+            (&kind, &self.kinds),
+            (&target, &self.targets),
+            (&status, &self.statuses),
         ] {
             if list.len() > MAX_FILTER_NAMES {
                 return Err(OpError::input(format!(
@@ -76,15 +104,16 @@ impl TaskFilter {
             && p.len() > crate::task::MAX_NAME
         {
             return Err(OpError::input(format!(
-                "--name: the pattern is {} bytes; at most {} are allowed (as in a task's name)",
+                "{}: the pattern is {} bytes; at most {} are allowed (as in a task's name)",
+                naming.of("--name", "name"),
                 p.len(),
                 crate::task::MAX_NAME
             )));
         }
         for (flag, what, names) in [
-            ("--queue", "queue", &self.queues),
-            ("--kind", "kind", &self.kinds),
-            ("--target", "target node", &self.targets),
+            (&queue, "queue", &self.queues),
+            (&kind, "kind", &self.kinds),
+            (&target, "target node", &self.targets),
         ] {
             for n in names {
                 check_name(what, n).map_err(|e| OpError::input(format!("{flag}: {e}")))?;
@@ -93,7 +122,7 @@ impl TaskFilter {
         for s in &self.statuses {
             if !STATUS_WORDS.contains(&s.as_str()) {
                 return Err(OpError::input(format!(
-                    "--status: '{s}' is not a status (use one of: {})",
+                    "{status}: '{s}' is not a status (use one of: {})",
                     STATUS_WORDS.join(", ")
                 )));
             }
@@ -121,7 +150,8 @@ impl TaskFilter {
 /// Every task the filter selects, live ones first (in id order), then the
 /// history (in id order). A record that cannot be read is an error naming it.
 pub fn task_list(ctx: &Ctx<'_>, filter: &TaskFilter) -> Result<Vec<TaskRow>, OpError> {
-    filter.validate()?;
+    // A command checked it with its flags' names before it sent it.
+    filter.validate_named(Naming::Fields("filter."))?;
     let Some(store) = ctx.store else {
         return Ok(Vec::new());
     };
@@ -226,6 +256,48 @@ mod tests {
         assert!(glob("m?play", "mcplay"));
         assert!(glob("*a*b*", "xxaxxbxx"));
         assert!(!glob("*a*b", "xxbxxa"));
+    }
+
+    #[test]
+    fn a_request_s_filter_is_refused_naming_its_fields() {
+        // What the socket answers a client that is not the CLI (the CLI
+        // checks with its flags' names before it sends).
+        let f = TaskFilter {
+            statuses: vec!["nope".into()],
+            ..Default::default()
+        };
+        let e = f.validate_named(Naming::Fields("filter.")).unwrap_err();
+        assert!(
+            e.message
+                .starts_with("filter.statuses: 'nope' is not a status"),
+            "{e}"
+        );
+        assert!(
+            f.validate()
+                .unwrap_err()
+                .message
+                .starts_with("--status: 'nope'")
+        );
+        let f = TaskFilter {
+            name: Some("*".repeat(513)),
+            ..Default::default()
+        };
+        let e = f.validate_named(Naming::Fields("filter.")).unwrap_err();
+        assert!(
+            e.message
+                .starts_with("filter.name: the pattern is 513 bytes"),
+            "{e}"
+        );
+        let ctx = super::super::Ctx::direct(None, None);
+        let e = task_list(
+            &ctx,
+            &TaskFilter {
+                queues: vec!["bad q".into()],
+                ..Default::default()
+            },
+        )
+        .unwrap_err();
+        assert!(e.message.starts_with("filter.queues: queue 'bad q'"), "{e}");
     }
 
     #[test]

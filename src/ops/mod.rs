@@ -27,7 +27,7 @@ use crate::submit::EnqueueError;
 use crate::task::TaskSpec;
 
 pub use attempts::{task_cancel, task_log, task_output};
-pub use list::{STATUS_WORDS, TaskFilter, glob, task_list};
+pub use list::{Naming, STATUS_WORDS, TaskFilter, glob, task_list};
 pub use metrics::metrics;
 pub use replay::{LOG_PAGE, log_page, replay};
 pub use tasks::{enqueue, enqueue_batch, queue_list, task_remove, task_retry, task_show};

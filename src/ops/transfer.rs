@@ -18,7 +18,7 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use super::list::{TaskFilter, corrupt, node_of, row_of};
+use super::list::{Naming, TaskFilter, corrupt, node_of, row_of};
 use super::{Ctx, OpError};
 use crate::budget::{Blob, Budget, BudgetError};
 use crate::codec;
@@ -63,7 +63,13 @@ impl Selection {
     /// Checks the status words (a word for finished tasks needs `history`)
     /// and the names (as `TaskFilter::validate` does).
     pub fn validate(&self) -> Result<(), OpError> {
-        self.filter().validate()?;
+        self.validate_named(Naming::Flags)
+    }
+
+    /// [`Selection::validate`], its errors naming the flags or the
+    /// request's fields (`naming`).
+    pub fn validate_named(&self, naming: Naming) -> Result<(), OpError> {
+        self.filter().validate_named(naming)?;
         if !self.history
             && let Some(w) = self
                 .statuses
@@ -71,7 +77,9 @@ impl Selection {
                 .find(|s| FINISHED_WORDS.contains(&s.as_str()))
         {
             return Err(OpError::input(format!(
-                "--status: '{w}' selects finished tasks, which an export takes only with --history"
+                "{}: '{w}' selects finished tasks, which an export takes only with {}",
+                naming.of("--status", "statuses"),
+                naming.of("--history", "history")
             )));
         }
         Ok(())
@@ -93,7 +101,8 @@ fn summary(export: &Export, bytes: usize, path: &Path) -> Value {
 /// folder, fsync, rename, mode 0600). Returns `{"tasks", "queues",
 /// "groups", "bytes", "path"}`.
 pub fn export(ctx: &Ctx<'_>, path: &Path, sel: &Selection) -> Result<Value, OpError> {
-    sel.validate()?;
+    // A command checked it with its flags' names before it sent it.
+    sel.validate_named(Naming::Fields(""))?;
     let store = ctx
         .store
         .ok_or_else(|| OpError::runtime("the data dir does not exist"))?;
