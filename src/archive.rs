@@ -53,7 +53,7 @@ pub enum ArchiveError {
     #[error("{path}: not a {what} ({why})")]
     Invalid {
         path: PathBuf,
-        /// "berth archive segment" or "berth checkpoint" ([`what_of`]).
+        /// "berth archive segment" or "berth checkpoint" (`what_of`).
         what: &'static str,
         why: String,
     },

@@ -74,7 +74,7 @@ impl TaskFilter {
     /// that no task can have (`enqueue` refuses it) is an error naming its
     /// flag, not a filter that silently selects nothing.
     /// Its sizes are bounded too, so that no filter makes a list cost more
-    /// than the tasks it reads: at most [`MAX_FILTER_NAMES`] names in a
+    /// than the tasks it reads: at most `MAX_FILTER_NAMES` names in a
     /// list, and a name pattern no longer than the longest name.
     pub fn validate(&self) -> Result<(), OpError> {
         self.validate_named(Naming::Flags)
