@@ -467,7 +467,7 @@ fn import(s: &Session, a: ImportArgs) -> Result<(), CliError> {
     let from_stdin = a.file.as_os_str() == "-";
     let by_path = !from_stdin
         && a.file.to_str().is_some()
-        && std::fs::metadata(&a.file).is_ok_and(|m| m.is_file());
+        && std::fs::metadata(&a.file).map_or(true, |m| m.is_file());
     let tmp = if by_path {
         None
     } else {
@@ -475,17 +475,10 @@ fn import(s: &Session, a: ImportArgs) -> Result<(), CliError> {
     };
     let (path, label) = match &tmp {
         Some(t) => {
-            let (bytes, label) = if from_stdin {
-                let bytes =
-                    berth::frame::read_capped(std::io::stdin(), berth::ops::MAX_EXPORT_FILE)
-                        .map_err(|e| CliError::input(format!("cannot read standard input: {e}")))?;
-                (bytes, "standard input".to_string())
-            } else {
-                let label = a.file.display().to_string();
-                let bytes = std::fs::File::open(&a.file)
-                    .and_then(|f| berth::frame::read_file_capped(f, berth::ops::MAX_EXPORT_FILE))
-                    .map_err(|e| CliError::input(format!("cannot read {label}: {e}")))?;
-                (bytes, label)
+            let bytes = super::read_bytes(&a.file, "export file", berth::ops::MAX_EXPORT_FILE)?;
+            let label = match from_stdin {
+                true => "standard input".to_string(),
+                false => a.file.display().to_string(),
             };
             let path = t.path().join("import.bex");
             std::fs::write(&path, &bytes)

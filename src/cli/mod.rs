@@ -93,15 +93,22 @@ pub fn out_open(text: &str) -> Result<bool, CliError> {
 /// Reads a text file named on the command line, of at most `max` bytes (a
 /// bad one is bad input). `-` is standard input.
 pub fn read_file(path: &Path, what: &str, max: u64) -> Result<String, CliError> {
+    String::from_utf8(read_bytes(path, what, max)?).map_err(|_| {
+        CliError::input(format!(
+            "cannot read {what} {}: it is not UTF-8 text",
+            path.display()
+        ))
+    })
+}
+
+/// [`read_file`]'s bytes, whatever they are.
+pub fn read_bytes(path: &Path, what: &str, max: u64) -> Result<Vec<u8>, CliError> {
     let read = if path.as_os_str() == "-" {
         berth::frame::read_capped(std::io::stdin(), max)
     } else {
         std::fs::File::open(path).and_then(|f| berth::frame::read_file_capped(f, max))
     };
-    let bad = |e: &dyn std::fmt::Display| {
-        CliError::input(format!("cannot read {what} {}: {e}", path.display()))
-    };
-    String::from_utf8(read.map_err(|e| bad(&e))?).map_err(|_| bad(&"it is not UTF-8 text"))
+    read.map_err(|e| CliError::input(format!("cannot read {what} {}: {e}", path.display())))
 }
 
 /// The largest batch file a command reads.
