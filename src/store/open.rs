@@ -66,8 +66,15 @@ const WAIT_LOG_EVERY: Duration = Duration::from_secs(10);
 /// folder, or to a file, is refused before anything is written into it.
 /// `berth check` asks this of the data dir `berth run` would use.
 pub fn may_become_data_dir(dir: &Path) -> Result<(), OpenError> {
+    check_kind(dir, true)
+}
+
+/// `dir` is a folder (or not there), and a berth data dir, or (when
+/// `may_create`) a folder that may become one.
+fn check_kind(dir: &Path, may_create: bool) -> Result<(), OpenError> {
     not_a_folder(dir)?;
-    if !files::is_data_dir(dir) && !files::holds_only_berth_names(dir) {
+    let takes = files::is_data_dir(dir) || (may_create && files::holds_only_berth_names(dir));
+    if !takes {
         return Err(OpenError::NotADataDir {
             dir: dir.to_path_buf(),
         });
@@ -99,16 +106,7 @@ fn prepare_dir(dir: &Path, opts: &Options) -> Result<(), OpenError> {
             dir: dir.to_path_buf(),
         });
     }
-    if opts.read_only || !opts.create {
-        not_a_folder(dir)?;
-        if !files::is_data_dir(dir) {
-            return Err(OpenError::NotADataDir {
-                dir: dir.to_path_buf(),
-            });
-        }
-    } else {
-        may_become_data_dir(dir)?;
-    }
+    check_kind(dir, opts.create && !opts.read_only)?;
     if opts.read_only {
         return Ok(());
     }
