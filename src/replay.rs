@@ -95,6 +95,14 @@ pub enum SourceError {
          longer kept (the archive's oldest segments were deleted by retention)"
     )]
     TooOld { seq: u64, base: u64 },
+    #[error(
+        "the history kept here begins with the state after event {base}, known to hold from {} \
+         on (when its checkpoint was written): the state at {} is no longer kept (the archive's \
+         oldest segments were deleted by retention)",
+        crate::units::format_time(*.from),
+        crate::units::format_time(*.at)
+    )]
+    TooEarly { at: u64, base: u64, from: u64 },
     #[error("{}: the state before the first event kept (event {}) is needed, and missing", .path.display(), .base + 1)]
     NoBase { path: PathBuf, base: u64 },
 }
@@ -391,12 +399,46 @@ impl<'a> Source<'a> {
     }
 }
 
+/// A replay's starting state.
+#[derive(Debug)]
+pub struct Start {
+    pub model: Model,
+    /// For a checkpoint: from when on its state is known to be the data
+    /// dir's (ms since the epoch), the time its file was last written
+    /// (after its event, so no later than the event's own time). `None`
+    /// for the empty state before event 1. A checkpoint carries no time
+    /// of its own, so a moment before this one, and before the first event
+    /// kept after the checkpoint, cannot be told apart from a moment before
+    /// the checkpoint's event, which the history no longer holds.
+    pub known_from: Option<u64>,
+}
+
+/// The empty state, or any other known to hold whatever the moment.
+impl From<Model> for Start {
+    fn from(model: Model) -> Start {
+        Start {
+            model,
+            known_from: None,
+        }
+    }
+}
+
+/// When the file at `path` was last written, in ms since the epoch (`u64::MAX`,
+/// known from no moment, when the file system cannot say).
+fn written_ms(path: &Path) -> u64 {
+    std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(u64::MAX, |d| d.as_millis() as u64)
+}
+
 /// The state to replay from to reach `until`, with no counting (see
 /// [`uncounted`]): for an event number, the newest checkpoint at or before
 /// it (`checkpoint.rs`); otherwise the oldest state kept: the archive's
 /// base checkpoint (the state before the first event the history holds),
 /// or the empty state when the history begins at event 1.
-pub fn start_for(data_dir: &Path, source: &Source<'_>, until: Until) -> Result<Model, SourceError> {
+pub fn start_for(data_dir: &Path, source: &Source<'_>, until: Until) -> Result<Start, SourceError> {
     let first = source.first_seq()?.unwrap_or(1);
     let base = first.saturating_sub(1);
     let list = |e: std::io::Error| SourceError::List {
@@ -414,9 +456,9 @@ pub fn start_for(data_dir: &Path, source: &Source<'_>, until: Until) -> Result<M
         Until::End => usable.last(),
         Until::Time(_) => usable.first().filter(|(seq, _)| *seq == base),
     };
-    let mut model = match chosen {
-        Some((_, path)) => crate::checkpoint::read(path)?.model,
-        None if base == 0 => Model::default(),
+    let (mut model, known_from) = match chosen {
+        Some((_, path)) => (crate::checkpoint::read(path)?.model, Some(written_ms(path))),
+        None if base == 0 => (Model::default(), None),
         None => {
             return Err(SourceError::NoBase {
                 path: data_dir
@@ -427,7 +469,7 @@ pub fn start_for(data_dir: &Path, source: &Source<'_>, until: Until) -> Result<M
         }
     };
     model.count_from = u64::MAX;
-    Ok(model)
+    Ok(Start { model, known_from })
 }
 
 /// The empty starting state for a replay that does not need the counters
@@ -465,12 +507,13 @@ pub const PROGRESS_EVERY: u64 = 4096;
 /// and after event 0). `progress` is told the number of each
 /// [`PROGRESS_EVERY`]th event applied, and the last.
 pub fn state_at(
-    start: Model,
+    start: impl Into<Start>,
     source: &Source<'_>,
     until: Until,
     progress: &mut dyn FnMut(u64),
 ) -> Result<Replayed, SourceError> {
-    let mut model = start;
+    let start = start.into();
+    let mut model = start.model;
     let after = model.last_seq;
     let mut first = None;
     let mut last = None;
@@ -498,6 +541,18 @@ pub fn state_at(
     })?;
     if let Some((seq, _)) = last {
         progress(seq);
+    }
+    // A moment at which no event kept had happened yet, and before the
+    // starting checkpoint is known to hold: it may be before the
+    // checkpoint's own event.
+    if let (Until::Time(at), Some(from), None) = (until, start.known_from, last)
+        && at < from
+    {
+        return Err(SourceError::TooEarly {
+            at,
+            base: after,
+            from,
+        });
     }
     Ok(Replayed {
         model,

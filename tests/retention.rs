@@ -303,6 +303,33 @@ fn the_archive_is_trimmed_and_its_base_moves_forward() {
     assert_eq!(seqs.first(), Some(&first));
     assert_eq!(seqs.last(), Some(&last));
     assert_eq!(seqs.len() as u64, last - first + 1);
+
+    // A moment before the first event kept: the base checkpoint's state is
+    // the answer only from when that checkpoint is known to hold (its
+    // file's time, after its event); before that, the moment may be before
+    // the checkpoint's event, which is no longer kept. Here the checkpoint
+    // is dated 5 ms before the first event kept.
+    let first_at = log[0]["time"]
+        .as_str()
+        .and_then(|t| berth::units::parse_time(t, 0).ok())
+        .expect("the first event's time");
+    let base = checkpoint::path_of(dir.path(), first - 1).expect("the base checkpoint");
+    std::fs::File::options()
+        .write(true)
+        .open(&base)
+        .and_then(|f| {
+            f.set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_millis(first_at - 5))
+        })
+        .expect("dating the base checkpoint");
+    let at = |ms: u64| json(&["replay", "--at", &ms.to_string(), "-o", "json"]);
+    let at_seq = |seq: u64| json(&["replay", "--seq", &seq.to_string(), "-o", "json"]);
+    assert_eq!(at(first_at - 1)["queues"], at_seq(first - 1)["queues"]);
+    assert_eq!(at(first_at)["queues"], at_seq(first)["queues"]);
+    let o = berth(dir.path(), &["replay", "--at", &(first_at - 6).to_string()]);
+    assert_eq!(o.status.code(), Some(2), "{}", common::stderr(&o));
+    let e = common::stderr(&o);
+    assert!(e.contains("no longer kept"), "{e}");
+    assert!(e.contains(&format!("after event {}", first - 1)), "{e}");
 }
 
 #[test]

@@ -111,7 +111,7 @@ pub struct ExportArgs {
     pub queue: Vec<String>,
     /// Only tasks in this state (repeatable), as for `task list`: queued,
     /// running, waiting, live, elsewhere; with --history also succeeded,
-    /// failed, cancelled, dead, history.
+    /// failed, cancelled, expired, dead, history.
     #[arg(long)]
     pub status: Vec<String>,
     /// Also take finished tasks (the history).

@@ -15,7 +15,7 @@ pub const LOG_PAGE: usize = 10_000;
 fn source_error(e: SourceError) -> OpError {
     match e {
         // A moment the data dir no longer keeps: the request's fault.
-        SourceError::TooOld { .. } => OpError::input(e.to_string()),
+        SourceError::TooOld { .. } | SourceError::TooEarly { .. } => OpError::input(e.to_string()),
         _ => OpError::runtime(e.to_string()),
     }
 }
@@ -91,7 +91,7 @@ pub fn replay(ctx: &Ctx<'_>, seq: Option<u64>, at_ms: Option<u64>) -> Result<Val
     };
     let start = start_for(store.dir(), &source, until).map_err(source_error)?;
     // A checkpoint's state is the state after its event.
-    let from_checkpoint = (start.last_seq > 0).then_some(start.last_seq);
+    let from_checkpoint = (start.model.last_seq > 0).then_some(start.model.last_seq);
     let r = state_at(start, &source, until, &mut progress).map_err(source_error)?;
     let views = report::model_views(&r.model, ctx.parallel_queues(store)?);
     let position = match (r.last, r.reached_end) {

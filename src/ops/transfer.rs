@@ -35,7 +35,14 @@ use crate::units::format_size;
 pub const INTERRUPTED_BY_EXPORT: &str = "interrupted: it was running when it was exported";
 
 /// Status words that only finished tasks have: they need `--history`.
-const FINISHED_WORDS: [&str; 5] = ["succeeded", "failed", "cancelled", "dead", "history"];
+const FINISHED_WORDS: [&str; 6] = [
+    "succeeded",
+    "failed",
+    "cancelled",
+    "expired",
+    "dead",
+    "history",
+];
 
 /// Which tasks an export takes: every live task (queued, running, waiting
 /// group children), and with `history` every finished one, then only those
@@ -565,4 +572,33 @@ pub fn import(ctx: &Ctx<'_>, path: &Path, label: Option<&str>) -> Result<Value, 
         "last": new_id.values().max(),
         "ids": ids,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::list::STATUS_WORDS;
+
+    /// Every status word a live task can have; the others are finished.
+    const LIVE_WORDS: [&str; 5] = ["queued", "running", "waiting", "live", "elsewhere"];
+
+    #[test]
+    fn every_word_for_finished_tasks_needs_history() {
+        for w in STATUS_WORDS {
+            let sel = |history| Selection {
+                statuses: vec![w.to_string()],
+                history,
+                ..Selection::default()
+            };
+            assert!(sel(true).validate().is_ok(), "{w} with history");
+            let without = sel(false).validate();
+            match LIVE_WORDS.contains(&w) {
+                true => assert!(without.is_ok(), "{w}: {without:?}"),
+                false => {
+                    let e = without.expect_err(w).to_string();
+                    assert!(e.contains("only with --history"), "{w}: {e}");
+                }
+            }
+        }
+    }
 }
