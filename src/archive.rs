@@ -50,10 +50,27 @@ const LEVEL: i32 = 3;
 pub enum ArchiveError {
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: io::Error },
+    /// Not a file of this kind at all: too short, or without its magic.
     #[error("{path}: not a {what} ({why})")]
     Invalid {
         path: PathBuf,
         /// "berth archive segment" or "berth checkpoint" (`what_of`).
+        what: &'static str,
+        why: String,
+    },
+    /// A file of this kind in a format version this build does not read.
+    #[error("{path}: a {what} of format version {version}; this build reads version {VERSION}")]
+    Version {
+        path: PathBuf,
+        what: &'static str,
+        version: u16,
+    },
+    /// A file of this kind (its magic and version are right) whose bytes
+    /// do not check out: cut short, a checksum mismatch, a header that
+    /// contradicts itself or its data.
+    #[error("{path}: a damaged {what} ({why})")]
+    Damaged {
+        path: PathBuf,
         what: &'static str,
         why: String,
     },
@@ -148,26 +165,42 @@ fn parse_header(
     magic: &[u8; 8],
     bytes: &[u8],
 ) -> Result<(SegmentInfo, u64, u64), ArchiveError> {
-    let invalid = |why: String| ArchiveError::Invalid {
+    let what = what_of(magic);
+    let not_one = |why: String| ArchiveError::Invalid {
         path: path.to_path_buf(),
-        what: what_of(magic),
+        what,
         why,
     };
-    if bytes.len() < HEADER + 4 {
-        return Err(invalid(format!("{} bytes is too short", bytes.len())));
+    let too_short = || format!("{} bytes is too short", bytes.len());
+    if bytes.len() < magic.len() {
+        return Err(not_one(too_short()));
     }
     if &bytes[..8] != magic {
-        return Err(invalid(format!(
+        return Err(not_one(format!(
             "no {} magic",
             String::from_utf8_lossy(magic)
         )));
     }
+    if bytes.len() < HEADER + 4 {
+        return Err(ArchiveError::Damaged {
+            path: path.to_path_buf(),
+            what,
+            why: too_short(),
+        });
+    }
     let version = u16::from_le_bytes([bytes[8], bytes[9]]);
     if version != VERSION {
-        return Err(invalid(format!(
-            "format version {version}; this build reads version {VERSION}"
-        )));
+        return Err(ArchiveError::Version {
+            path: path.to_path_buf(),
+            what,
+            version,
+        });
     }
+    let invalid = |why: String| ArchiveError::Damaged {
+        path: path.to_path_buf(),
+        what,
+        why,
+    };
     let (raw_len, packed_len) = (u64_at(bytes, 32), u64_at(bytes, 40));
     if packed_len != (bytes.len() - HEADER - 4) as u64 {
         return Err(invalid(format!(
@@ -229,7 +262,7 @@ pub(crate) fn decode_file(
 ) -> Result<(SegmentInfo, Vec<u8>), ArchiveError> {
     let (info, raw_len, _) = parse_header(path, magic, bytes)?;
     let raw = frame::inflate(&bytes[HEADER..bytes.len() - 4], raw_len, MAX_SEGMENT_BYTES).map_err(
-        |why| ArchiveError::Invalid {
+        |why| ArchiveError::Damaged {
             path: path.to_path_buf(),
             what: what_of(magic),
             why,
@@ -275,7 +308,7 @@ pub(crate) fn split_records<'a>(
         why: e.why.to_string(),
     })?;
     if out.len() != count as usize {
-        return Err(ArchiveError::Invalid {
+        return Err(ArchiveError::Damaged {
             path: path.to_path_buf(),
             what: what_of(magic),
             why: format!("it holds {} records, its header says {count}", out.len()),

@@ -295,12 +295,24 @@ mod tests {
             bad[at] ^= 0x10;
             std::fs::write(&path, &bad).unwrap();
             let e = read(&path).expect_err(&format!("a flip at {at} was read"));
-            assert!(e.to_string().contains("not a berth checkpoint ("), "{e}");
+            // The magic, the version, or the rest: each says what it is.
+            let says = match at {
+                0 => ": not a berth checkpoint (no BERTHCKP magic)",
+                9 => ": a berth checkpoint of format version",
+                _ => ": a damaged berth checkpoint (",
+            };
+            assert!(e.to_string().contains(says), "{at}: {e}");
         }
         std::fs::write(&path, &good[..good.len() - 7]).unwrap();
         let e = read(&path).unwrap_err().to_string();
         assert!(e.contains("ckpt-"), "{e}");
-        assert!(e.contains(": not a berth checkpoint ("), "{e}");
+        assert!(e.contains(": a damaged berth checkpoint ("), "{e}");
+        std::fs::write(&path, &good[..20]).unwrap();
+        let e = read(&path).unwrap_err().to_string();
+        assert!(
+            e.ends_with(": a damaged berth checkpoint (20 bytes is too short)"),
+            "{e}"
+        );
         std::fs::write(&path, b"").unwrap();
         let e = read(&path).unwrap_err().to_string();
         assert!(

@@ -330,6 +330,41 @@ fn the_archive_is_trimmed_and_its_base_moves_forward() {
     let e = common::stderr(&o);
     assert!(e.contains("no longer kept"), "{e}");
     assert!(e.contains(&format!("after event {}", first - 1)), "{e}");
+
+    // `verify` reads the whole archive too (a replay from the log's start
+    // reads none of it), and exits 1 when it is damaged or has a hole.
+    let start = {
+        let store = open(dir.path(), &clock);
+        store.log_start().expect("log start")
+    };
+    let o = berth(dir.path(), &["verify"]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let read_whole = format!("the archive's events {first} to {} read whole", start - 1);
+    assert!(stdout(&o).contains(&read_whole), "{}", stdout(&o));
+    let victim = &segments[segments.len() / 2].path;
+    let good = std::fs::read(victim).expect("read");
+    let mut bad = good.clone();
+    let at = bad.len() - 10;
+    bad[at] ^= 0x10;
+    std::fs::write(victim, &bad).expect("damage");
+    let verify_refuses = |says: &str| {
+        let o = berth(dir.path(), &["verify"]);
+        assert_eq!(o.status.code(), Some(1), "{}", common::stderr(&o));
+        let e = common::stderr(&o);
+        assert!(e.contains("the archive cannot be read whole"), "{e}");
+        assert!(e.contains(says), "{e}");
+    };
+    verify_refuses(&format!(
+        "{}: a damaged berth archive segment (",
+        victim.display()
+    ));
+    std::fs::remove_file(victim).expect("remove");
+    if victim != &segments[0].path {
+        verify_refuses("the log has a gap");
+    }
+    std::fs::write(victim, &good).expect("restore");
+    std::fs::write(&base, b"junk").expect("damage the base");
+    verify_refuses("not a berth checkpoint");
 }
 
 #[test]

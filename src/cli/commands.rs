@@ -350,11 +350,20 @@ fn verify(s: &Session) -> Result<(), CliError> {
             ))
         })?;
     progress.finish();
+    // The archive, which the replay above (from the log's start) does not read.
+    let progress = super::progress::Progress::new("archived events read");
+    let archive = berth::replay::check_archive(&store, &mut |n| {
+        progress.set(n, store.log_start().unwrap_or(1))
+    });
+    progress.finish();
     let corrupt = store.corrupt_records();
     for c in corrupt {
         eprintln!("berth: {c}");
     }
-    if diffs.is_empty() && corrupt.is_empty() {
+    if let Err(e) = &archive {
+        eprintln!("berth: the archive: {e}");
+    }
+    if let (true, true, Ok(archive)) = (diffs.is_empty(), corrupt.is_empty(), &archive) {
         let (start, last) = (store.log_start().unwrap_or(1), store.next_seq() - 1);
         let from = if start > 1 {
             format!(
@@ -364,8 +373,15 @@ fn verify(s: &Session) -> Result<(), CliError> {
         } else {
             String::new()
         };
+        let archived = match archive {
+            Some(a) => format!(
+                "; the archive's events {} to {} read whole",
+                a.first, a.last
+            ),
+            None => String::new(),
+        };
         return out(&format!(
-            "ok: {} events replayed{from}; the log agrees with the state\n",
+            "ok: {} events replayed{from}; the log agrees with the state{archived}\n",
             last + 1 - start
         ));
     }
@@ -373,10 +389,14 @@ fn verify(s: &Session) -> Result<(), CliError> {
         eprintln!("berth: {d}");
     }
     Err(CliError::runtime(format!(
-        "data dir {}: {} disagreement(s) between the log and the state, {} corrupt record(s)",
+        "data dir {}: {} disagreement(s) between the log and the state, {} corrupt record(s){}",
         s.dir().display(),
         diffs.len(),
-        corrupt.len()
+        corrupt.len(),
+        match archive {
+            Ok(_) => "",
+            Err(_) => ", the archive cannot be read whole",
+        }
     )))
 }
 
