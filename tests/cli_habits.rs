@@ -822,3 +822,41 @@ fn before_a_daemon_runs_the_configs_parallel_queues_are_shown() {
     );
     assert_eq!(queues(&o).len(), 11, "{}", stdout(&o));
 }
+
+#[test]
+fn a_read_names_an_interrupted_snapshot_in_the_data_dir_and_leaves_it() {
+    let tmp = tempdir();
+    let dir = tmp.path().join("data");
+    let add = |name: &str| {
+        let o = berth(
+            &dir,
+            &["enqueue", "--queue", "main", "--kind", "K", "--name", name],
+        );
+        assert!(o.status.success(), "{}", stderr(&o));
+        o
+    };
+    add("a");
+    let leftover = dir.join("db").join("snap.0000000000000ABC.generating");
+    std::fs::write(&leftover, b"junk").expect("a leftover");
+    // A read works on a private copy: it says where the file really is,
+    // and that it stays.
+    let o = berth(&dir, &["queue", "list"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains(&format!(
+            "{} was left by a sled snapshot that was interrupted",
+            leftover.display()
+        )),
+        "{e}"
+    );
+    assert!(!e.contains("berth-read-"), "{e}");
+    assert!(leftover.exists());
+    // A write removes it, and says so.
+    let e = stderr(&add("b"));
+    assert!(
+        e.contains(&format!("removed {}", leftover.display())),
+        "{e}"
+    );
+    assert!(!leftover.exists());
+}

@@ -23,17 +23,19 @@ const EXIT_CODES: &str = "Exit codes:
     after_help = EXIT_CODES
 )]
 pub struct Cli {
-    /// The data dir (created on first write).
+    /// The data dir (created on first write). It wins over the config's
+    /// `data_dir`; without either, ./berth-data.
     #[arg(
         long,
         global = true,
         env = "BERTH_DATA_DIR",
-        default_value = "berth-data"
+        default_value = "berth-data",
+        hide_default_value = true
     )]
     pub data_dir: PathBuf,
     /// How long a command waits for a running daemon to answer (connecting,
     /// sending and reading, all told; e.g. 30s, 500ms), before it gives up
-    /// with exit code 1.
+    /// with exit code 1, and for a starting daemon's socket (exit code 3).
     #[arg(
         long,
         global = true,
@@ -43,8 +45,9 @@ pub struct Cli {
     )]
     pub timeout: std::time::Duration,
     /// The daemon's TOML config. `berth run` needs it; the other commands
-    /// take the data dir (unless --data-dir says otherwise), the size budget
-    /// and the disk reserve from it.
+    /// take from it the data dir (unless --data-dir says otherwise), the
+    /// size budget, the disk reserve, write_ahead_log and the kinds that
+    /// have a handler (an enqueue of another kind is refused).
     #[arg(long, global = true, env = "BERTH_CONFIG")]
     pub config: Option<PathBuf>,
     #[command(subcommand)]
@@ -134,8 +137,9 @@ pub struct ImportArgs {
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// Exit once every queue is empty: 0 if every task succeeded, 1 if any
-    /// ended as a dead letter.
+    /// Exit once nothing is left for this node to run (tasks for other nodes
+    /// may stay queued): 0 if every task succeeded, 1 if any ended as a
+    /// dead letter.
     #[arg(long)]
     pub until_idle: bool,
     /// A batch file to add at start (all or nothing).
@@ -280,7 +284,7 @@ pub struct ListArgs {
     #[arg(long)]
     pub kind: Vec<String>,
     /// Only tasks in this state (repeatable): queued, running, succeeded,
-    /// failed, cancelled, dead (dead letters), waiting (group children not
+    /// failed, cancelled, expired, dead (dead letters), waiting (group children not
     /// yet in a queue), live (not finished), history (finished) or
     /// elsewhere (waiting for another node: its target or tags).
     #[arg(long)]

@@ -208,11 +208,20 @@ fn lock_dir(dir: &Path, opts: &Options) -> Result<Option<DirLock>, OpenError> {
 /// panics) is an error that says what to do, never a panic. Errors name
 /// `dir`.
 fn open_sled(dir: &Path, db: &Path, opts: &Options) -> Result<Trees, OpenError> {
+    let own = dir.join(files::DB);
     for path in files::remove_leftovers(db) {
-        log::warn!(
-            "removed {}, left by a sled snapshot that was interrupted",
-            path.display()
-        );
+        match path.strip_prefix(db) {
+            // A read-only command's private copy: the data dir keeps it.
+            Ok(rel) if db != own => log::warn!(
+                "{} was left by a sled snapshot that was interrupted; this command reads \
+                 without it, and the next one that writes removes it",
+                own.join(rel).display()
+            ),
+            _ => log::warn!(
+                "removed {}, left by a sled snapshot that was interrupted",
+                path.display()
+            ),
+        }
     }
     match files::restore_kept_blobs(db) {
         Ok(0) => {}
