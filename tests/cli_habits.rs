@@ -860,3 +860,27 @@ fn a_read_names_an_interrupted_snapshot_in_the_data_dir_and_leaves_it() {
     );
     assert!(!leftover.exists());
 }
+
+/// A copy of a killed daemon's data dir keeps its `berth.sock`. A socket
+/// this command cannot use (a path too long to connect to, here; or one of
+/// another user) is no daemon when nothing holds the data dir: the command
+/// reads the data dir itself.
+#[test]
+fn a_socket_left_where_it_cannot_be_used_does_not_stop_a_read() {
+    let tmp = tempdir();
+    let deep = tmp.path().join("d".repeat(120));
+    let dir = deep.join("data");
+    let o = berth(
+        &dir,
+        &[
+            "enqueue", "--queue", "main", "--kind", "K", "--name", "kept",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::write(dir.join("berth.sock"), b"").expect("a stale socket file");
+    let before = common::file_hashes(&dir);
+    let o = berth(&dir, &["task", "list"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("kept"), "{}", stdout(&o));
+    assert_eq!(common::file_hashes(&dir), before);
+}

@@ -17,6 +17,16 @@ use serde_json::Value;
 use super::CliError;
 use super::args::{Cli, Command};
 
+/// What asking the daemon gave.
+enum Asked {
+    /// A daemon answered (or failed to, in a way that says one is there).
+    Answer(Result<Value, OpError>),
+    /// No socket, or nothing listens on it.
+    NoDaemon,
+    /// A socket this process cannot use (`CallError::Unreachable`); why.
+    Unreachable(String),
+}
+
 /// Where a request went.
 enum Answer {
     /// A daemon answered.
@@ -106,16 +116,17 @@ impl Session {
     }
 
     /// Asks the daemon, if one listens on the data dir's socket.
-    fn ask_daemon(&self, req: &Request) -> Option<Result<Value, OpError>> {
+    fn ask_daemon(&self, req: &Request) -> Asked {
         if !control::socket_path(&self.dir).exists() {
-            return None;
+            return Asked::NoDaemon;
         }
         match control::call(&self.dir, req, self.timeout) {
-            Err(CallError::NoDaemon) => None,
+            Err(CallError::NoDaemon) => Asked::NoDaemon,
+            Err(CallError::Unreachable(why)) => Asked::Unreachable(why),
             Err(e @ (CallError::TimedOut { .. } | CallError::Failed(_))) => {
-                Some(Err(OpError::runtime(e.to_string())))
+                Asked::Answer(Err(OpError::runtime(e.to_string())))
             }
-            Ok(resp) => Some(resp.into_result()),
+            Ok(resp) => Asked::Answer(resp.into_result()),
         }
     }
 
@@ -218,9 +229,13 @@ impl Session {
     fn connect(&self, req: &Request) -> Result<Answer, OpError> {
         let start = Instant::now();
         let mut rehearsed = false;
+        // Why the socket, which is there, could not be used.
+        let mut unreachable = None;
         loop {
-            if let Some(answer) = self.ask_daemon(req) {
-                return Ok(Answer::Daemon(answer));
+            match self.ask_daemon(req) {
+                Asked::Answer(answer) => return Ok(Answer::Daemon(answer)),
+                Asked::NoDaemon => {}
+                Asked::Unreachable(why) => unreachable = Some(why),
             }
             if !rehearsed && self.may_refuse(req) {
                 self.rehearse(req)?;
@@ -229,6 +244,14 @@ impl Session {
             let opts = self.options(req.access());
             match Store::open(&self.dir, opts, clock::system()) {
                 Ok(store) => return Ok(Answer::Here(Box::new(store))),
+                // A daemon holds the data dir, and its socket is not this
+                // command's to use: waiting would not change that.
+                Err(e @ OpenError::InUse { .. }) if unreachable.is_some() => {
+                    let why = unreachable.unwrap_or_default();
+                    let mut err = OpError::from(e);
+                    err.message = format!("{why}; {}", err.message);
+                    return Err(err);
+                }
                 Err(OpenError::InUse { holder, .. })
                     if holder.role == Some(Role::Daemon) && start.elapsed() < self.timeout =>
                 {

@@ -16,6 +16,14 @@ pub enum CallError {
     /// nothing accepts on it): the caller may open the data dir itself.
     #[error("no daemon listens on the data dir")]
     NoDaemon,
+    /// The socket is there but this process cannot use it: permission
+    /// denied (it belongs to another user), or a path too long to
+    /// connect to (no daemon could have bound it either). It may be one a
+    /// daemon left when it was killed, in a copy of its data dir: the caller
+    /// may open the data dir itself if no daemon holds it. The message says
+    /// why.
+    #[error("{0}")]
+    Unreachable(String),
     /// The daemon did not answer within the time the caller gave it.
     #[error(
         "the daemon on {} did not answer within {} (set the limit with --timeout or BERTH_TIMEOUT)",
@@ -86,6 +94,12 @@ fn call_once(socket: &Path, line: &[u8], deadline: Instant) -> Attempt {
         Err(e) => {
             return match e.raw_os_error() {
                 Some(libc::ENOENT | libc::ECONNREFUSED) => Attempt::Failed(CallError::NoDaemon),
+                Some(libc::EACCES | libc::EPERM) => Attempt::Failed(CallError::Unreachable(
+                    format!("connecting to {}: {e}", socket.display()),
+                )),
+                _ if e.kind() == ErrorKind::InvalidInput => Attempt::Failed(
+                    CallError::Unreachable(format!("connecting to {}: {e}", socket.display())),
+                ),
                 Some(libc::EAGAIN) => timed_out(),
                 _ if e.kind() == ErrorKind::TimedOut => timed_out(),
                 _ => Attempt::Failed(CallError::Failed(format!(
