@@ -92,19 +92,26 @@ pub enum SourceError {
     Replay(#[from] ReplayError),
     #[error(
         "the history kept here begins after event {base}: the state at event {seq} is no \
-         longer kept (the archive's oldest segments were deleted by retention)"
+         longer kept (the archive's oldest segments were deleted by retention, or are missing)"
     )]
     TooOld { seq: u64, base: u64 },
     #[error(
         "the history kept here begins with the state after event {base}, known to hold from {} \
          on (when its checkpoint was written): the state at {} is no longer kept (the archive's \
-         oldest segments were deleted by retention)",
+         oldest segments were deleted by retention, or are missing)",
         crate::units::format_time(*.from),
         crate::units::format_time(*.at)
     )]
     TooEarly { at: u64, base: u64, from: u64 },
     #[error("{}: the state before the first event kept (event {}) is needed, and missing", .path.display(), .base + 1)]
     NoBase { path: PathBuf, base: u64 },
+    #[error(
+        "{}: the store's log begins after event {upto}, but the archive holds no segment, \
+         not even the newest one, which retention always keeps (it ends at event {upto}): \
+         the archive is missing",
+        .path.display()
+    )]
+    NoArchive { path: PathBuf, upto: u64 },
 }
 
 fn gap_text(previous: u64, previous_from: &Origin, found: u64, found_from: &Origin) -> String {
@@ -472,31 +479,51 @@ pub fn start_for(data_dir: &Path, source: &Source<'_>, until: Until) -> Result<S
     Ok(Start { model, known_from })
 }
 
-/// What [`check_archive`] read: the archive's first and last event.
+/// What [`check_archive`] read: the archive's first and last event (none
+/// when it has no segment), and how many checkpoints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ArchiveChecked {
-    pub first: u64,
-    pub last: u64,
+    pub events: Option<(u64, u64)>,
+    pub checkpoints: usize,
 }
 
-/// `berth verify`'s look at the archive, which a replay from the newest
-/// checkpoint never reads: the base checkpoint read (when the archive
-/// begins after event 1), then every segment read whole (its checksum and
-/// every record decoded), its events following one another up to the
-/// store's log, which must go on from there. `progress` hears the last
-/// event read. `None`: the data dir has no archive.
+/// `berth verify`'s look at what a replay from the log's start never reads:
+/// every checkpoint read whole, then every archive segment read whole (its
+/// checksum and every record decoded), its events following one another
+/// from the base checkpoint (when the archive begins after event 1) up to
+/// the store's log, which must go on from there. A log cut after event N
+/// with no segment at all is missing its archive (retention always keeps
+/// the newest segment). `progress` hears the last event read.
 pub fn check_archive(
     store: &Store,
     progress: &mut dyn FnMut(u64),
-) -> Result<Option<ArchiveChecked>, SourceError> {
+) -> Result<ArchiveChecked, SourceError> {
+    let dir = store.dir();
+    let listed = crate::checkpoint::list(dir).map_err(|source| SourceError::List {
+        path: dir.join(crate::checkpoint::DIR),
+        source,
+    })?;
+    for (_, path) in &listed {
+        crate::checkpoint::read(path)?;
+    }
+    let checkpoints = listed.len();
     let source = Source::of_store(store)?;
+    let log_start = store.log_start()?;
     let Some(first) = source.segments.first().map(|s| s.first_seq) else {
-        return Ok(None);
+        if log_start > 1 {
+            return Err(SourceError::NoArchive {
+                path: dir.join(archive::DIR),
+                upto: log_start - 1,
+            });
+        }
+        return Ok(ArchiveChecked {
+            events: None,
+            checkpoints,
+        });
     };
     if first > 1 {
-        start_for(store.dir(), &source, Until::Seq(first - 1))?;
+        start_for(dir, &source, Until::Seq(first - 1))?;
     }
-    let log_start = store.log_start()?;
     let mut last = first - 1;
     let mut n = 0u64;
     // The store's first event is handed out only once the continuity
@@ -513,7 +540,10 @@ pub fn check_archive(
         Ok(Flow::Continue)
     })?;
     progress(last);
-    Ok(Some(ArchiveChecked { first, last }))
+    Ok(ArchiveChecked {
+        events: Some((first, last)),
+        checkpoints,
+    })
 }
 
 /// The empty starting state for a replay that does not need the counters

@@ -363,6 +363,29 @@ fn the_archive_is_trimmed_and_its_base_moves_forward() {
         verify_refuses("the log has a gap");
     }
     std::fs::write(victim, &good).expect("restore");
+    // Every checkpoint is read, not only those a replay from the log's start needs.
+    let newest = checkpoint::list(dir.path())
+        .expect("checkpoints")
+        .last()
+        .expect("a checkpoint")
+        .1
+        .clone();
+    assert_ne!(newest, base);
+    let kept = std::fs::read(&newest).expect("read");
+    std::fs::write(&newest, &kept[..kept.len() - 1]).expect("cut the newest checkpoint");
+    verify_refuses("a damaged berth checkpoint");
+    std::fs::write(&newest, &kept).expect("restore");
+    // No archive at all behind a cut log: it is missing.
+    let archive = dir.path().join(archive::DIR);
+    let aside = dir.path().join("archive-aside");
+    std::fs::rename(&archive, &aside).expect("move the archive away");
+    verify_refuses(&format!(
+        "the store's log begins after event {}, but the archive holds no segment",
+        start - 1
+    ));
+    std::fs::rename(&aside, &archive).expect("put it back");
+    let o = berth(dir.path(), &["verify"]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
     std::fs::write(&base, b"junk").expect("damage the base");
     verify_refuses("not a berth checkpoint");
 }

@@ -373,12 +373,14 @@ fn verify(s: &Session) -> Result<(), CliError> {
         } else {
             String::new()
         };
-        let archived = match archive {
-            Some(a) => format!(
-                "; the archive's events {} to {} read whole",
-                a.first, a.last
-            ),
+        let archived = match archive.events {
+            Some((first, last)) => format!("; the archive's events {first} to {last} read whole"),
             None => String::new(),
+        };
+        let archived = match archive.checkpoints {
+            0 => archived,
+            1 => format!("{archived}; 1 checkpoint read whole"),
+            n => format!("{archived}; {n} checkpoints read whole"),
         };
         return out(&format!(
             "ok: {} events replayed{from}; the log agrees with the state{archived}\n",
