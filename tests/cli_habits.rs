@@ -884,3 +884,46 @@ fn a_socket_left_where_it_cannot_be_used_does_not_stop_a_read() {
     assert!(stdout(&o).contains("kept"), "{}", stdout(&o));
     assert_eq!(common::file_hashes(&dir), before);
 }
+
+/// A data dir this user may not look into is said to be so, not "not a
+/// berth data dir" (run as root, the test reads it as user 65534).
+#[test]
+fn a_data_dir_that_cannot_be_looked_into_says_permission_denied() {
+    use std::os::unix::fs::PermissionsExt;
+    let setpriv = ["/usr/bin/setpriv", "/bin/setpriv"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists());
+    let root = unsafe { libc::geteuid() } == 0;
+    let (Some(setpriv), true) = (setpriv, root) else {
+        println!("skipped: needs root and setpriv to read as another user");
+        return;
+    };
+    let tmp = tempdir();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o711)).expect("chmod");
+    let dir = tmp.path().join("data");
+    let o = berth(
+        &dir,
+        &["enqueue", "--queue", "main", "--kind", "K", "--name", "a"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let before = common::file_hashes(&dir);
+    for args in [&["task", "list"][..], &["verify"], &["log"]] {
+        let o = Command::new(setpriv)
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(common::berth_bin())
+            .arg("--data-dir")
+            .arg(&dir)
+            .args(args)
+            .output()
+            .expect("run berth as another user");
+        common::assert_refused(
+            &o,
+            1,
+            &format!(
+                "berth: cannot use data dir {}: looking into it: Permission denied",
+                dir.display()
+            ),
+        );
+    }
+    assert_eq!(common::file_hashes(&dir), before);
+}

@@ -75,6 +75,16 @@ fn check_kind(dir: &Path, may_create: bool) -> Result<(), OpenError> {
     not_a_folder(dir)?;
     let takes = files::is_data_dir(dir) || (may_create && files::holds_only_berth_names(dir));
     if !takes {
+        // A folder this user may not look into is not known not to be one.
+        if let Err(source) = std::fs::symlink_metadata(dir.join(files::MARKER))
+            && source.kind() == std::io::ErrorKind::PermissionDenied
+        {
+            return Err(OpenError::Io {
+                dir: dir.to_path_buf(),
+                op: "looking into it",
+                source,
+            });
+        }
         return Err(OpenError::NotADataDir {
             dir: dir.to_path_buf(),
         });
@@ -101,6 +111,15 @@ fn not_a_folder(dir: &Path) -> Result<(), OpenError> {
 /// if it is an empty folder). To read or to change it, it must exist and be
 /// a berth data dir; to read, nothing in it is changed.
 fn prepare_dir(dir: &Path, opts: &Options) -> Result<(), OpenError> {
+    if let Err(source) = std::fs::metadata(dir)
+        && source.kind() == std::io::ErrorKind::PermissionDenied
+    {
+        return Err(OpenError::Io {
+            dir: dir.to_path_buf(),
+            op: "looking it up",
+            source,
+        });
+    }
     if !dir.exists() && (opts.read_only || !opts.create) {
         return Err(OpenError::Missing {
             dir: dir.to_path_buf(),
