@@ -925,5 +925,42 @@ fn a_data_dir_that_cannot_be_looked_into_says_permission_denied() {
             ),
         );
     }
+    // Folders it may look into, files (0600) it may not read: the error
+    // names the file.
+    for d in [dir.clone(), dir.join("db")] {
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    for f in ["berth.lock", "berth.dir"] {
+        std::fs::set_permissions(dir.join(f), std::fs::Permissions::from_mode(0o644))
+            .expect("chmod");
+    }
+    let as_nobody = || {
+        Command::new(setpriv)
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(common::berth_bin())
+            .arg("--data-dir")
+            .arg(&dir)
+            .args(["task", "list"])
+            .output()
+            .expect("run berth as another user")
+    };
+    // An unreadable high-water mark is not a damaged one.
+    common::assert_refused(
+        &as_nobody(),
+        1,
+        "reading its high-water mark (berth.high): Permission denied",
+    );
+    let high = dir.join("berth.high");
+    std::fs::set_permissions(&high, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let o = as_nobody();
+    common::assert_refused(
+        &o,
+        1,
+        &format!(
+            "copying db/ to read it privately: {}/",
+            dir.join("db").display()
+        ),
+    );
+    assert!(stderr(&o).contains("Permission denied"), "{}", stderr(&o));
     assert_eq!(common::file_hashes(&dir), before);
 }

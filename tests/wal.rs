@@ -228,3 +228,43 @@ fn an_open_that_fails_on_a_file_says_what_it_was_doing_and_leaves_the_file() {
         "left as it was"
     );
 }
+
+/// A read command works on a private copy of `db/`: what it says of a
+/// write cut short at the log's end names the data dir's segment.
+#[test]
+fn a_write_cut_short_is_named_in_the_data_dir_by_a_read() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("data");
+    run_and_kill(&dir);
+    let seg = segments(&dir).pop().expect("a segment");
+    let mut bytes = std::fs::read(&seg).expect("read segment");
+    // Past the whole frames (16-byte header; each frame: length u32, CRC
+    // u32, two u64, then the body), a frame whose body is cut short.
+    let mut end = 16;
+    loop {
+        let len = u32::from_le_bytes(bytes[end..end + 4].try_into().expect("4 bytes")) as usize;
+        if len == 0 {
+            break;
+        }
+        end += 24 + len;
+    }
+    assert!(bytes.len() >= end + 24 + 8, "room for a cut frame");
+    bytes[end..end + 4].copy_from_slice(&1_000u32.to_le_bytes());
+    bytes[end + 4..end + 32].fill(0x5a);
+    std::fs::write(&seg, &bytes).expect("write");
+    let o = std::process::Command::new(common::berth_bin())
+        .arg("--data-dir")
+        .arg(&dir)
+        .args(["queue", "list"])
+        .env("RUST_LOG", "info")
+        .output()
+        .expect("run berth");
+    let e = common::stderr(&o);
+    assert!(o.status.success(), "{e}");
+    assert!(
+        e.contains("the write-ahead log ends with a write cut short")
+            && e.contains(&format!("{} at byte {end}", seg.display())),
+        "{e}"
+    );
+    assert!(!e.contains("berth-read-"), "{e}");
+}

@@ -201,18 +201,22 @@ pub(crate) fn copy_for_reading(dir: &Path) -> io::Result<tempfile::TempDir> {
     let tmp = tempfile::Builder::new().prefix("berth-read-").tempdir()?;
     let from = dir.join(DB);
     let to = tmp.path().join(DB);
+    // An error names the data dir's file it was about.
+    fn at(path: &Path) -> impl Fn(io::Error) -> io::Error + '_ {
+        move |e| io::Error::new(e.kind(), format!("{}: {e}", path.display()))
+    }
     let mut stack = vec![(from, to)];
     while let Some((from, to)) = stack.pop() {
         DirBuilder::new().mode(DIR_MODE).create(&to)?;
-        for e in fs::read_dir(&from)? {
-            let e = e?;
+        for e in fs::read_dir(&from).map_err(at(&from))? {
+            let e = e.map_err(at(&from))?;
             let (src, dst) = (e.path(), to.join(e.file_name()));
-            if e.file_type()?.is_dir() {
+            if e.file_type().map_err(at(&src))?.is_dir() {
                 stack.push((src, dst));
             } else if from.ends_with(super::wal::DIR) && super::wal::is_spare(&e.file_name()) {
                 // 16 MiB of zeros that reading never looks at.
             } else {
-                fs::copy(&src, &dst)?;
+                fs::copy(&src, &dst).map_err(at(&src))?;
                 fs::set_permissions(&dst, Permissions::from_mode(FILE_MODE))?;
             }
         }

@@ -90,14 +90,23 @@ pub fn decode(text: &[u8]) -> Result<Mark, String> {
     Ok(m)
 }
 
-/// The mark in the data dir `dir`, if it has one; an error says what is
-/// wrong with it.
-pub fn read(dir: &Path) -> Result<Option<Mark>, String> {
+/// Why [`read`] found no mark it could use.
+#[derive(Debug)]
+pub enum MarkError {
+    /// This user may not read the file: nothing is known of the mark.
+    NotAllowed(std::io::Error),
+    /// What is wrong with the file.
+    Damaged(String),
+}
+
+/// The mark in the data dir `dir`, if it has one.
+pub fn read(dir: &Path) -> Result<Option<Mark>, MarkError> {
     let path = dir.join(FILE);
     match std::fs::File::open(&path).and_then(|f| crate::frame::read_file_capped(f, 4096)) {
-        Ok(bytes) => decode(&bytes).map(Some),
+        Ok(bytes) => decode(&bytes).map(Some).map_err(MarkError::Damaged),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("cannot read it: {e}")),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Err(MarkError::NotAllowed(e)),
+        Err(e) => Err(MarkError::Damaged(format!("cannot read it: {e}"))),
     }
 }
 

@@ -503,18 +503,22 @@ fn check_high_mark(
 /// refuses one damaged before its end. Acknowledged commits may be in or
 /// after the damage: refused, not guessed.
 fn read_wal(dir: &Path, db: &Path) -> Result<wal::Replay, OpenError> {
-    let found = wal::read(db).map_err(|source| OpenError::Io {
+    let mut found = wal::read(db).map_err(|source| OpenError::Io {
         dir: dir.to_path_buf(),
         op: "reading the write-ahead log (db/wal)",
         source,
     })?;
-    if let Some(why) = &found.damage {
-        // To read, `db` is a private copy: the message names the data dir's.
-        let shown = dir.join(files::DB).join(wal::DIR);
-        let why = why.replace(
+    // To read, `db` is a private copy: messages name the data dir's files.
+    let shown = dir.join(files::DB).join(wal::DIR);
+    let own = |why: &str| {
+        why.replace(
             &db.join(wal::DIR).display().to_string(),
             &shown.display().to_string(),
-        );
+        )
+    };
+    found.torn = found.torn.as_deref().map(own);
+    if let Some(why) = &found.damage {
+        let why = own(why);
         return Err(OpenError::Damaged {
             dir: dir.to_path_buf(),
             detail: format!(
@@ -993,13 +997,20 @@ impl Store {
         // cover commits the copy has not got (see `high_mark`).
         // A mark that cannot be read refuses the dir before sled opens (and
         // writes): a refused open leaves the data dir as it was.
-        let mark = high_mark::read(dir).map_err(|why| OpenError::Damaged {
-            dir: dir.to_path_buf(),
-            detail: format!(
-                "its high-water mark {} is damaged: {why}; to open the data dir without that \
-                 check, remove it",
-                dir.join(high_mark::FILE).display()
-            ),
+        let mark = high_mark::read(dir).map_err(|e| match e {
+            high_mark::MarkError::NotAllowed(source) => OpenError::Io {
+                dir: dir.to_path_buf(),
+                op: "reading its high-water mark (berth.high)",
+                source,
+            },
+            high_mark::MarkError::Damaged(why) => OpenError::Damaged {
+                dir: dir.to_path_buf(),
+                detail: format!(
+                    "its high-water mark {} is damaged: {why}; to open the data dir without \
+                     that check, remove it",
+                    dir.join(high_mark::FILE).display()
+                ),
+            },
         })?;
         // Before the copy too: a missing `db/` is a lost database, not a
         // failed copy.
