@@ -412,7 +412,7 @@ pub struct Start {
     pub model: Model,
     /// For a checkpoint: from when on its state is known to be the data
     /// dir's (ms since the epoch), the time its file was last written
-    /// (after its event, so no later than the event's own time). `None`
+    /// (after its event, so never earlier than the event's own time). `None`
     /// for the empty state before event 1. A checkpoint carries no time
     /// of its own, so a moment before this one, and before the first event
     /// kept after the checkpoint, cannot be told apart from a moment before
