@@ -907,17 +907,19 @@ fn a_data_dir_that_cannot_be_looked_into_says_permission_denied() {
     );
     assert!(o.status.success(), "{}", stderr(&o));
     let before = common::file_hashes(&dir);
-    for args in [&["task", "list"][..], &["verify"], &["log"]] {
-        let o = Command::new(setpriv)
+    let as_nobody = |args: &[&str]| {
+        Command::new(setpriv)
             .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
             .arg(common::berth_bin())
             .arg("--data-dir")
             .arg(&dir)
             .args(args)
             .output()
-            .expect("run berth as another user");
+            .expect("run berth as another user")
+    };
+    for args in [&["task", "list"][..], &["verify"], &["log"]] {
         common::assert_refused(
-            &o,
+            &as_nobody(args),
             1,
             &format!(
                 "berth: cannot use data dir {}: looking into it: Permission denied",
@@ -934,25 +936,15 @@ fn a_data_dir_that_cannot_be_looked_into_says_permission_denied() {
         std::fs::set_permissions(dir.join(f), std::fs::Permissions::from_mode(0o644))
             .expect("chmod");
     }
-    let as_nobody = || {
-        Command::new(setpriv)
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-            .arg(common::berth_bin())
-            .arg("--data-dir")
-            .arg(&dir)
-            .args(["task", "list"])
-            .output()
-            .expect("run berth as another user")
-    };
     // An unreadable high-water mark is not a damaged one.
     common::assert_refused(
-        &as_nobody(),
+        &as_nobody(&["task", "list"]),
         1,
         "reading its high-water mark (berth.high): Permission denied",
     );
     let high = dir.join("berth.high");
     std::fs::set_permissions(&high, std::fs::Permissions::from_mode(0o644)).expect("chmod");
-    let o = as_nobody();
+    let o = as_nobody(&["task", "list"]);
     common::assert_refused(
         &o,
         1,
