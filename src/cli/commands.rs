@@ -352,9 +352,8 @@ fn verify(s: &Session) -> Result<(), CliError> {
     progress.finish();
     // The archive, which the replay above (from the log's start) does not read.
     let progress = super::progress::Progress::new("archived events read");
-    let archive = berth::replay::check_archive(&store, &mut |n| {
-        progress.set(n, store.log_start().unwrap_or(1))
-    });
+    let archive_end = store.log_start().unwrap_or(1);
+    let archive = berth::replay::check_archive(&store, &mut |n| progress.set(n, archive_end));
     progress.finish();
     let corrupt = store.corrupt_records();
     for c in corrupt {
