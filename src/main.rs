@@ -7,7 +7,7 @@ mod cli;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-use clap::{CommandFactory, FromArgMatches, parser::ValueSource};
+use clap::{FromArgMatches, parser::ValueSource};
 
 fn main() {
     // Before anything allocates much (see `berth::alloc`).
@@ -17,7 +17,8 @@ fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
         .format_timestamp_millis()
         .init();
-    let matches = cli::args::Cli::command().get_matches();
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let matches = cli::args::parse(&argv).unwrap_or_else(|e| explain_and_exit(e, &argv));
     // `berth run` takes its data dir from the config unless one is given here.
     let data_dir_given = matches!(
         matches.value_source("data_dir"),
@@ -25,7 +26,7 @@ fn main() {
     );
     let args = match cli::args::Cli::from_arg_matches(&matches) {
         Ok(a) => a,
-        Err(e) => e.exit(),
+        Err(e) => explain_and_exit(e, &argv),
     };
     let dir = args.data_dir.clone();
     // sled panics on some damaged pages when it reads them: that is a
@@ -43,4 +44,21 @@ fn main() {
         }
     };
     std::process::exit(code);
+}
+
+/// Exits on an argument error: with clap's message, or a clearer one
+/// (`cli::args::explain`), exit code 2 either way (clap's for a bad usage;
+/// `--help` and `--version` exit 0 through clap).
+fn explain_and_exit(e: clap::Error, args: &[std::ffi::OsString]) -> ! {
+    match cli::args::explain(&e, args, |name: &str| std::env::var_os(name)) {
+        Some(message) => {
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "error: {message}\n\nFor more information, try '--help'."
+            );
+            std::process::exit(2);
+        }
+        None => e.exit(),
+    }
 }

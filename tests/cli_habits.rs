@@ -780,6 +780,96 @@ fn a_berth_now_that_is_not_a_time_is_refused() {
     common::assert_refused(&o, 1, "does not exist");
 }
 
+/// A bad value taken from `BERTH_TIMEOUT` or `BERTH_DATA_DIR` is blamed on
+/// the variable, not on a flag the command line never gave; the flag given
+/// wins over the variable, and is blamed itself. Nothing is created.
+#[test]
+fn a_bad_value_from_the_environment_names_its_variable() {
+    let dir = common::tempdir();
+    let data = dir.path().join("data");
+    let run = |flags: &[&str], var: &str, value: &str| {
+        Command::new(common::berth_bin())
+            .args(flags)
+            .args(["queue", "list"])
+            .env(var, value)
+            .current_dir(dir.path())
+            .output()
+            .unwrap()
+    };
+    let data_flag = ["--data-dir", data.to_str().unwrap()];
+    let o = run(&data_flag, "BERTH_TIMEOUT", "abc");
+    common::assert_refused(
+        &o,
+        2,
+        "invalid value \"abc\" in the environment variable BERTH_TIMEOUT (which stands for \
+         --timeout): 'abc' is not a duration",
+    );
+    let o = run(&data_flag, "BERTH_TIMEOUT", "0s");
+    common::assert_refused(
+        &o,
+        2,
+        "BERTH_TIMEOUT (which stands for --timeout): the timeout must be more than 0",
+    );
+    let o = run(&[], "BERTH_DATA_DIR", "");
+    common::assert_refused(
+        &o,
+        2,
+        "invalid value \"\" in the environment variable BERTH_DATA_DIR (which stands for \
+         --data-dir): it is empty",
+    );
+    // The flag wins, and a bad one is the flag's fault.
+    let o = run(
+        &[&data_flag[..], &["--timeout=abc"]].concat(),
+        "BERTH_TIMEOUT",
+        "5s",
+    );
+    common::assert_refused(&o, 2, "invalid value 'abc' for '--timeout <TIMEOUT>'");
+    let o = run(
+        &[&data_flag[..], &["--timeout", "5s"]].concat(),
+        "BERTH_TIMEOUT",
+        "abc",
+    );
+    common::assert_refused(&o, 1, "does not exist");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "nothing was created"
+    );
+}
+
+/// An argument that is not UTF-8 where berth takes text is refused naming
+/// its place, its option and its bytes (clap alone said "invalid UTF-8 was
+/// detected in one or more arguments").
+#[test]
+fn an_argument_that_is_not_utf8_is_named() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let dir = common::tempdir();
+    let data = dir.path().join("data");
+    let o = Command::new(common::berth_bin())
+        .args(["task", "list", "--queue"])
+        .arg(OsStr::from_bytes(b"q\xff"))
+        .arg("--data-dir")
+        .arg(&data)
+        .output()
+        .unwrap();
+    common::assert_refused(
+        &o,
+        2,
+        "error: argument 4 (the value of --queue) is not valid UTF-8: \"q\\xFF\"; berth takes \
+         text there",
+    );
+    let o = Command::new(common::berth_bin())
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["task", "list"])
+        .arg(OsStr::from_bytes(b"--kind=\xfe"))
+        .output()
+        .unwrap();
+    common::assert_refused(&o, 2, "argument 5 (the value of --kind) is not valid UTF-8");
+    assert!(!data.exists(), "nothing was created");
+}
+
 /// A data dir that a command with `--config` made shows the config's
 /// parallel queues (`parallel_queues = 3`: `parallel_queue_0` to `_2`)
 /// before a daemon has run on it and recorded its own.

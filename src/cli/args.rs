@@ -1,5 +1,6 @@
 //! The command line, as clap sees it.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -351,4 +352,106 @@ fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {
         return Err("the timeout must be more than 0".into());
     }
     Ok(d)
+}
+
+/// The options whose value may come from the environment: clap's id, the
+/// flag, the variable.
+const FROM_ENV: [(&str, &str, &str); 3] = [
+    ("data_dir", "--data-dir", "BERTH_DATA_DIR"),
+    ("timeout", "--timeout", "BERTH_TIMEOUT"),
+    ("config", "--config", "BERTH_CONFIG"),
+];
+
+/// Whether the command line (`args`, the program's name first) gives `flag`.
+fn gives(args: &[OsString], flag: &str) -> bool {
+    args.iter().skip(1).any(|a| {
+        a.to_str()
+            .is_some_and(|a| a == flag || a.strip_prefix(flag).is_some_and(|v| v.starts_with('=')))
+    })
+}
+
+/// The option of FROM_ENV that `e` blames, if any.
+fn blamed(e: &clap::Error) -> Option<(&'static str, &'static str, &'static str)> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if !matches!(
+        e.kind(),
+        ErrorKind::ValueValidation | ErrorKind::InvalidValue
+    ) {
+        return None;
+    }
+    let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) else {
+        return None;
+    };
+    let flag = arg.split(' ').next().unwrap_or(arg);
+    FROM_ENV.iter().copied().find(|(_, f, _)| *f == flag)
+}
+
+/// Parses the command line. An option given on it wins over its
+/// environment variable, even when the variable's value is bad: clap
+/// checks a global option's variable for the subcommand too when the
+/// option was given before the subcommand (`--timeout 5s queue list` with
+/// `BERTH_TIMEOUT=abc` was refused), so such an error is parsed again
+/// without that variable.
+pub fn parse(args: &[OsString]) -> Result<clap::ArgMatches, clap::Error> {
+    use clap::CommandFactory;
+    let mut cmd = Cli::command();
+    for _ in 0..=FROM_ENV.len() {
+        match cmd.clone().try_get_matches_from(args) {
+            Err(e) => match blamed(&e).filter(|(_, flag, _)| gives(args, flag)) {
+                Some((id, _, _)) => {
+                    cmd = cmd.mut_arg(id, |a| a.env(clap::builder::Resettable::Reset))
+                }
+                None => return Err(e),
+            },
+            ok => return ok,
+        }
+    }
+    cmd.try_get_matches_from(args)
+}
+
+/// A clearer message than clap's for two argument errors, given the
+/// command line (`args`, the program's name first) and the environment
+/// (`env`):
+///
+/// - a bad value taken from an environment variable, which clap blames on
+///   the flag the command line never gave: the message names the variable;
+/// - an argument that is not UTF-8, which clap reports without saying which:
+///   the message gives its position, the flag it belongs to, and its bytes.
+///
+/// None when clap's own message says it already.
+pub fn explain(
+    e: &clap::Error,
+    args: &[OsString],
+    env: impl Fn(&str) -> Option<OsString>,
+) -> Option<String> {
+    if e.kind() == clap::error::ErrorKind::InvalidUtf8 {
+        let (at, bad) = args
+            .iter()
+            .enumerate()
+            .skip(1)
+            .find(|(_, a)| a.to_str().is_none())?;
+        let text = bad.to_string_lossy();
+        let flag = match text.split_once('=') {
+            Some((flag, _)) if flag.starts_with("--") => Some(flag.to_string()),
+            _ => args[at - 1]
+                .to_str()
+                .filter(|f| at > 1 && f.len() > 1 && f.starts_with('-'))
+                .map(str::to_string),
+        };
+        let of = flag.map_or(String::new(), |f| format!(" (the value of {f})"));
+        return Some(format!(
+            "argument {at}{of} is not valid UTF-8: {bad:?}; berth takes text there"
+        ));
+    }
+    let (_, flag, var) = blamed(e)?;
+    let value = env(var).filter(|_| !gives(args, flag))?;
+    let why = match std::error::Error::source(e) {
+        Some(source) => source.to_string(),
+        None if value.is_empty() => "it is empty".to_string(),
+        None => "it is not a valid value".to_string(),
+    };
+    Some(format!(
+        "invalid value {value:?} in the environment variable {var} (which stands for {flag}): \
+         {why}"
+    ))
 }
