@@ -107,7 +107,8 @@ impl Entry {
                 String::new()
             }
             EventKind::MovedToHistory { status, .. } => format!("status {}", status.as_str()),
-            EventKind::Retried { placement: p, .. } => placement(p).unwrap_or_default(),
+            EventKind::Retried { placement: p, .. }
+            | EventKind::RetriedAnew { placement: p, .. } => placement(p).unwrap_or_default(),
             EventKind::AttemptLogged { log, .. } => {
                 let mut d = format!("attempt {}: {}", log.attempt, log.outcome.word());
                 if let Some(c) = log.exit_code {

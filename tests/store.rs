@@ -946,3 +946,61 @@ fn a_log_cut_is_whole_and_waits_for_the_applier() {
     assert_eq!(s.queue_ids("main").len(), 31);
     assert_eq!(s.task(ids[0]).unwrap().unwrap().status, Status::Succeeded);
 }
+
+/// A dead letter put back by `task retry` is queued anew: queued at the
+/// retry's time, not started since, so `task list --since` finds it and its
+/// wait counts from the retry. Its attempts keep counting. The log agrees,
+/// and so does the state after reopening.
+#[test]
+fn a_retried_dead_letter_is_queued_anew() {
+    let dir = tempdir();
+    let clock = FakeClock::new(T0);
+    let id;
+    {
+        let s = open(dir.path(), &clock);
+        id = add(&s, "main", "a", Placement::Last);
+        clock.advance_ms(1_000);
+        let mut w = s.write();
+        w.start(id).unwrap();
+        w.commit().unwrap();
+        clock.advance_ms(1_000);
+        let mut w = s.write();
+        w.fail(id, "boom".into(), None).unwrap();
+        w.to_history(id, Status::Failed).unwrap();
+        w.commit().unwrap();
+        clock.advance_ms(3_600_000);
+        let mut w = s.write();
+        w.retry(id, Placement::Last).unwrap();
+        w.commit().unwrap();
+        assert_log_agrees(&s);
+    }
+    let s = open(dir.path(), &clock);
+    let t = s.task(id).unwrap().expect("live again");
+    assert_eq!(t.status, Status::Queued);
+    assert_eq!(t.queued_at, T0 + 3_602_000, "queued at the retry");
+    assert_eq!(
+        (t.started_at, t.finished_at, t.retry_at),
+        (None, None, None)
+    );
+    assert_eq!((t.attempts, t.failures), (1, 0));
+    assert_eq!(s.queue_ids("main"), vec![id]);
+    assert_log_agrees(&s);
+    drop(s);
+    // `task list --since` a minute before the retry finds it.
+    let since = berth::units::format_time(T0 + 3_542_000);
+    let o = std::process::Command::new(common::berth_bin())
+        .arg("--data-dir")
+        .arg(dir.path())
+        .args(["task", "list", "-o", "json", "--since", &since])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let rows: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let ids: Vec<u64> = rows
+        .as_array()
+        .expect("rows")
+        .iter()
+        .filter_map(|r| r["id"].as_u64())
+        .collect();
+    assert_eq!(ids, vec![id], "{rows}");
+}

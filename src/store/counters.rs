@@ -163,7 +163,7 @@ pub fn ticks(task: &Task, at: u64, ev: &EventKind) -> Vec<Tick> {
             vec![Tick::Add(format!("{FINISHED}{}", status.as_str()))]
         }
         EventKind::Removed { .. } => vec![add(REMOVED)],
-        EventKind::Retried { .. } => vec![add(RETRIED)],
+        EventKind::Retried { .. } | EventKind::RetriedAnew { .. } => vec![add(RETRIED)],
         _ => Vec::new(),
     }
 }

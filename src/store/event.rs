@@ -74,7 +74,10 @@ pub enum EventKind {
         status: Status,
     },
     // New variants go last: bincode encodes the variant's position.
-    /// A dead letter went back from the history to its queue, failures reset.
+    /// A dead letter went back from the history to its queue, failures
+    /// reset, keeping the times of its last run. Written by the builds
+    /// before [`EventKind::RetriedAnew`] (which this build writes instead),
+    /// and replayed as they applied it.
     Retried {
         id: u64,
         placement: Placement,
@@ -104,6 +107,14 @@ pub enum EventKind {
         id: u64,
         payload: Blob,
     },
+    /// A dead letter went back from the history to its queue (`task
+    /// retry`), failures reset, and queued anew: queued at this event's
+    /// time, not started since (so `task list --since` and the wait shown
+    /// count from the retry). (Variant 14.)
+    RetriedAnew {
+        id: u64,
+        placement: Placement,
+    },
 }
 
 impl EventKind {
@@ -119,6 +130,7 @@ impl EventKind {
             | EventKind::GroupUpdated { id, .. }
             | EventKind::Removed { id }
             | EventKind::Retried { id, .. }
+            | EventKind::RetriedAnew { id, .. }
             | EventKind::AttemptLogged { id, .. }
             | EventKind::Cancelled { id }
             | EventKind::Expired { id }
@@ -133,7 +145,10 @@ impl EventKind {
     pub fn is_new_work(&self) -> bool {
         matches!(
             self,
-            EventKind::Enqueued { .. } | EventKind::Retried { .. } | EventKind::Merged { .. }
+            EventKind::Enqueued { .. }
+                | EventKind::Retried { .. }
+                | EventKind::RetriedAnew { .. }
+                | EventKind::Merged { .. }
         )
     }
 
@@ -147,7 +162,7 @@ impl EventKind {
             EventKind::Requeued { .. } => "requeued",
             EventKind::GroupUpdated { .. } => "group-updated",
             EventKind::Removed { .. } => "removed",
-            EventKind::Retried { .. } => "retried",
+            EventKind::Retried { .. } | EventKind::RetriedAnew { .. } => "retried",
             EventKind::MovedToHistory { .. } => "moved-to-history",
             EventKind::AttemptLogged { .. } => "attempt-logged",
             EventKind::Cancelled { .. } => "cancelled",
@@ -218,6 +233,14 @@ pub fn apply(task: &mut Task, at: u64, kind: &EventKind) {
             task.retry_at = None;
             task.finished_at = None;
         }
+        EventKind::RetriedAnew { .. } => {
+            task.status = Status::Queued;
+            task.failures = 0;
+            task.retry_at = None;
+            task.finished_at = None;
+            task.queued_at = at;
+            task.started_at = None;
+        }
         EventKind::MovedToHistory { status, .. } => {
             task.status = *status;
             task.retry_at = None;
@@ -225,5 +248,76 @@ pub fn apply(task: &mut Task, at: u64, kind: &EventKind) {
                 task.finished_at = Some(at);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::task::{Task, TaskSpec};
+
+    /// The two retry events: the old one, as older builds wrote and applied
+    /// it, keeps the times of the task's last run; the one this build writes
+    /// queues it anew at the event's time.
+    #[test]
+    fn a_retry_keeps_the_old_times_only_in_an_old_event() {
+        let mut dead = TaskSpec {
+            queue: "main".into(),
+            kind: "K".into(),
+            name: "a".into(),
+            ..Default::default()
+        }
+        .into_task(1_000, &crate::budget::Budget::default())
+        .expect("task");
+        dead.id = 7;
+        for (at, kind) in [
+            (2_000, EventKind::Started { id: 7 }),
+            (
+                3_000,
+                EventKind::Failed {
+                    id: 7,
+                    message: "boom".into(),
+                    delay_ms: None,
+                },
+            ),
+            (
+                3_000,
+                EventKind::MovedToHistory {
+                    id: 7,
+                    status: Status::Failed,
+                },
+            ),
+        ] {
+            apply(&mut dead, at, &kind);
+        }
+        let retried = |kind: EventKind| -> Task {
+            let mut t = dead.clone();
+            apply(&mut t, 9_000, &kind);
+            t
+        };
+        let old = retried(EventKind::Retried {
+            id: 7,
+            placement: Placement::Last,
+        });
+        let anew = retried(EventKind::RetriedAnew {
+            id: 7,
+            placement: Placement::Last,
+        });
+        for t in [&old, &anew] {
+            assert_eq!(t.status, Status::Queued);
+            assert_eq!((t.failures, t.attempts), (0, 1));
+            assert_eq!((t.finished_at, t.retry_at), (None, None));
+        }
+        assert_eq!((old.queued_at, old.started_at), (1_000, Some(2_000)));
+        assert_eq!((anew.queued_at, anew.started_at), (9_000, None));
+        assert_eq!(old.kind, anew.kind);
+        assert_eq!(
+            EventKind::RetriedAnew {
+                id: 7,
+                placement: Placement::Last
+            }
+            .name(),
+            "retried"
+        );
     }
 }

@@ -61,12 +61,19 @@ pub const META_PARALLEL: &[u8] = b"mparallel";
 pub const META_NODE: &[u8] = b"mnode";
 
 /// The on-disk layout version (the key layout above; the record framing has its own byte).
+/// 10: the log may hold `RetriedAnew` events (`EventKind` variant 14: a
+/// retried dead letter is queued anew), which a format-9 build cannot
+/// decode: it would find such a record damaged, or take the last one for
+/// a commit cut short and drop it. Opening upgrades a format-9 dir by
+/// writing this number: its events stay as they are (`Retried` is still
+/// read, and replayed as it was).
+pub const STORE_FORMAT: u64 = 10;
 /// 9: commit records may be of version 3 (`codec::COMMIT_VERSION`: a new
 /// task's key write names its `Enqueued` event instead of carrying its
 /// bytes, see `commit_record`), which a format-8 build cannot read: it
 /// would find every such record damaged. Opening upgrades a format-8 dir
 /// by writing this number: its records stay as they are, and readable.
-pub const STORE_FORMAT: u64 = 9;
+pub const STORE_FORMAT_V9: u64 = 9;
 /// 8: a live task's `t` value may hold a summary between its position and
 /// its record (see `stored`), flagged in the position's length byte; a
 /// format-7 build would misread every such position. Opening upgrades a

@@ -407,6 +407,7 @@ fn check_format(o: &Opening<'_>, files: &DbFiles, read_only: bool) -> Result<u64
         Some(v) => match codec::decode::<u64>(&v) {
             Ok(
                 f @ (keys::STORE_FORMAT
+                | keys::STORE_FORMAT_V9
                 | keys::STORE_FORMAT_V8
                 | keys::STORE_FORMAT_V7
                 | keys::STORE_FORMAT_V6

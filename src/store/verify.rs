@@ -316,7 +316,7 @@ impl Model {
                     self.attempts.remove(&(id, old));
                 }
             }
-            EventKind::Retried { placement, .. } => {
+            EventKind::Retried { placement, .. } | EventKind::RetriedAnew { placement, .. } => {
                 let queue = &self.history.get(&id).ok_or_else(unknown)?.queue;
                 let at = position(self.queues.get(queue), *placement)
                     .map_err(|a| bad_anchor(queue, a))?;

@@ -607,7 +607,7 @@ impl<'s> WriteTxn<'s> {
         }
         let queue = task.queue.clone();
         self.place_in_order(&queue, id, placement)?;
-        self.push_event(EventKind::Retried { id, placement })?;
+        self.push_event(EventKind::RetriedAnew { id, placement })?;
         self.slot(id)?.home = Home::Live;
         Ok(())
     }

@@ -137,6 +137,10 @@ enum Ev {
     Expired {
         id: Id,
     },
+    RetriedAnew {
+        id: Id,
+        placement: Place,
+    },
 }
 
 fn task(id: u64, queue: &str, parent: Option<u64>, children: Vec<u64>) -> Task {
@@ -229,6 +233,10 @@ impl Ev {
                 placement: placement.get(),
             },
             Ev::Expired { id } => EventKind::Expired { id: id.get() },
+            Ev::RetriedAnew { id, placement } => EventKind::RetriedAnew {
+                id: id.get(),
+                placement: placement.get(),
+            },
         }
     }
 }

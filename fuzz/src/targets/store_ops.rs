@@ -603,6 +603,9 @@ fn run_one(w: &mut WriteTxn<'_>, m: &mut Model, op: &TxOp) -> usize {
                 t.failures = 0;
                 t.retry_at = None;
                 t.finished_at = None;
+                // Queued anew (`RetriedAnew`).
+                t.queued_at = now;
+                t.started_at = None;
                 *home = Home::Live;
             })
         }
