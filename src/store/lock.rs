@@ -4,6 +4,12 @@
 //! life of the store and holds one line saying who holds it (`daemon PID` or
 //! `command PID`), so a short command that finds another short command in
 //! the way can wait for it, and one that finds a daemon can talk to it.
+//!
+//! A daemon that waits for the lock announces itself in `DIR/berth.starting`
+//! ([`Announcement`]): its pid, in a file it holds an `flock` on while it
+//! waits. Only a locked announcement counts, so one left by a daemon that
+//! died, or copied with the data dir to another machine, is ignored
+//! whatever process has its pid there.
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -137,24 +143,76 @@ impl DirLock {
     }
 
     /// A daemon waits for the lock: new commands should step aside and wait
-    /// for its socket instead of taking the lock again.
-    pub fn announce_start(dir: &Path) -> std::io::Result<()> {
-        let mut f = super::files::open_private(&dir.join(STARTING))?;
-        f.set_len(0)?;
-        f.write_all(format!("{}\n", std::process::id()).as_bytes())
+    /// for its socket instead of taking the lock again. The announcement
+    /// lasts as long as the value returned; None when another waiting
+    /// daemon holds the announcement already.
+    pub fn announce_start(dir: &Path) -> std::io::Result<Option<Announcement>> {
+        use std::os::unix::fs::MetadataExt;
+        let path = dir.join(STARTING);
+        for _ in 0..ANNOUNCE_TRIES {
+            let mut file = super::files::open_private(&path)?;
+            match file.try_lock() {
+                Ok(()) => {}
+                // A command looking at it (for a moment), or another
+                // daemon that announced itself (for as long as it waits).
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                    continue;
+                }
+                Err(std::fs::TryLockError::Error(e)) => return Err(e),
+            }
+            // The file locked must still be the one under the name (an
+            // announcement withdrawn meanwhile removed it).
+            let (held, named) = (file.metadata()?, std::fs::metadata(&path));
+            if !named.is_ok_and(|n| (n.dev(), n.ino()) == (held.dev(), held.ino())) {
+                continue;
+            }
+            file.set_len(0)?;
+            file.write_all(format!("{}\n", std::process::id()).as_bytes())?;
+            return Ok(Some(Announcement { _file: file, path }));
+        }
+        Ok(None)
     }
 
-    /// The waiting daemon has the lock (or gave up).
-    pub fn withdraw_start(dir: &Path) {
-        let _ = std::fs::remove_file(dir.join(STARTING));
+    /// Whether a daemon waits for the lock, and its pid if it wrote it
+    /// yet. An announcement nobody holds is ignored (see the module doc).
+    /// Where the file system has no `flock`, a file whose pid is alive
+    /// counts, as before the lock was taken on it.
+    pub fn daemon_starting(dir: &Path) -> Option<Option<u32>> {
+        let mut file = File::open(dir.join(STARTING)).ok()?;
+        let held = match file.try_lock_shared() {
+            Ok(()) => return None,
+            Err(std::fs::TryLockError::WouldBlock) => true,
+            Err(std::fs::TryLockError::Error(_)) => false,
+        };
+        let mut text = String::new();
+        let _ = (&mut file).take(32).read_to_string(&mut text);
+        let pid: Option<u32> = text.trim().parse().ok();
+        match held {
+            true => Some(pid),
+            false => pid.filter(|p| alive(*p)).map(Some),
+        }
     }
+}
 
-    /// The pid of a live daemon that waits for the lock, if one does. A file
-    /// left by a daemon that died while waiting is ignored.
-    pub fn daemon_starting(dir: &Path) -> Option<u32> {
-        let text = std::fs::read_to_string(dir.join(STARTING)).ok()?;
-        let pid: u32 = text.trim().parse().ok()?;
-        alive(pid).then_some(pid)
+/// How many times [`DirLock::announce_start`] tries to lock its file (a
+/// command that looks at it holds it for microseconds; another waiting
+/// daemon, for as long as it waits).
+const ANNOUNCE_TRIES: usize = 50;
+
+/// A daemon's announcement that it waits for the data dir's lock
+/// (`berth.starting`, locked): withdrawn (the file removed, then the lock
+/// released) when dropped, once the daemon has the lock or gave up.
+#[derive(Debug)]
+pub struct Announcement {
+    /// Held for its lock.
+    _file: File,
+    path: PathBuf,
+}
+
+impl Drop for Announcement {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
     }
 }
 
@@ -231,6 +289,41 @@ mod tests {
             _ => panic!("the lock is held"),
         }
         drop(held);
+    }
+
+    /// Only an announcement a daemon holds counts: one whose pid is alive
+    /// but that nobody holds (left by a daemon that died, or copied from
+    /// another machine where that pid was a daemon) is ignored; a second
+    /// daemon does not take over the first one's; a withdrawn one is gone.
+    #[test]
+    fn only_a_held_announcement_says_a_daemon_is_starting() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(DirLock::daemon_starting(dir.path()), None, "no file");
+        // This process is alive, but holds no lock on the file.
+        std::fs::write(
+            dir.path().join(STARTING),
+            format!("{}\n", std::process::id()),
+        )
+        .unwrap();
+        assert_eq!(DirLock::daemon_starting(dir.path()), None, "a copy");
+        let a = DirLock::announce_start(dir.path())
+            .unwrap()
+            .expect("announced");
+        assert_eq!(
+            DirLock::daemon_starting(dir.path()),
+            Some(Some(std::process::id()))
+        );
+        assert!(
+            DirLock::announce_start(dir.path()).unwrap().is_none(),
+            "a second daemon leaves the first one's announcement"
+        );
+        assert_eq!(
+            DirLock::daemon_starting(dir.path()),
+            Some(Some(std::process::id()))
+        );
+        drop(a);
+        assert!(!dir.path().join(STARTING).exists(), "withdrawn");
+        assert_eq!(DirLock::daemon_starting(dir.path()), None);
     }
 
     #[test]

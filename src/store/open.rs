@@ -155,7 +155,7 @@ fn lock_dir(dir: &Path, opts: &Options) -> Result<Option<DirLock>, OpenError> {
         {
             return Err(in_use(Holder {
                 role: Some(Role::Daemon),
-                pid: Some(pid),
+                pid,
             }));
         }
         let acquired = if opts.read_only {
@@ -164,12 +164,8 @@ fn lock_dir(dir: &Path, opts: &Options) -> Result<Option<DirLock>, OpenError> {
             DirLock::try_acquire(dir, opts.role).map(Some)
         };
         match acquired {
-            Ok(l) => {
-                if announced.is_some() {
-                    DirLock::withdraw_start(dir);
-                }
-                return Ok(l);
-            }
+            // An announcement is withdrawn when `announced` goes.
+            Ok(l) => return Ok(l),
             Err(LockError::Io(source)) => {
                 return Err(OpenError::Io {
                     dir: dir.to_path_buf(),
@@ -182,17 +178,18 @@ fn lock_dir(dir: &Path, opts: &Options) -> Result<Option<DirLock>, OpenError> {
                 match opts.role {
                     Role::Daemon if !by_daemon => {
                         if announced.is_none() {
-                            DirLock::announce_start(dir).map_err(|source| OpenError::Io {
-                                dir: dir.to_path_buf(),
-                                op: "announcing the daemon's start (berth.starting)",
-                                source,
-                            })?;
+                            let a =
+                                DirLock::announce_start(dir).map_err(|source| OpenError::Io {
+                                    dir: dir.to_path_buf(),
+                                    op: "announcing the daemon's start (berth.starting)",
+                                    source,
+                                })?;
                             log::info!(
                                 "waiting for {} to release data dir {}",
                                 holder,
                                 dir.display()
                             );
-                            announced = Some(());
+                            announced = Some(a);
                         } else if logged.elapsed() >= WAIT_LOG_EVERY {
                             logged = Instant::now();
                             log::info!(
@@ -207,12 +204,7 @@ fn lock_dir(dir: &Path, opts: &Options) -> Result<Option<DirLock>, OpenError> {
                     Role::Command if !by_daemon && started.elapsed() < opts.wait_for_lock => {
                         std::thread::sleep(Duration::from_millis(10 + fastrand::u64(0..20)));
                     }
-                    _ => {
-                        if announced.is_some() {
-                            DirLock::withdraw_start(dir);
-                        }
-                        return Err(in_use(holder));
-                    }
+                    _ => return Err(in_use(holder)),
                 }
             }
         }
