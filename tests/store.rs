@@ -1004,3 +1004,87 @@ fn a_retried_dead_letter_is_queued_anew() {
         .collect();
     assert_eq!(ids, vec![id], "{rows}");
 }
+
+/// A data dir written by the last build before `RetriedAnew` (store format
+/// 9; `tests/fixtures/v9-retried`): its dead letter 1, retried there, keeps
+/// the times of its last run as that build recorded (the old `Retried`
+/// event replays as it did), and `verify` agrees. A retry made now queues
+/// dead letter 2 anew, beside it in the same log, which still verifies;
+/// the open upgraded the store format.
+#[test]
+fn a_retry_recorded_by_an_older_build_replays_as_it_did() {
+    let fixture =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v9-retried");
+    let root = tempdir();
+    let dir = root.path().join("data");
+    common::copy_fixture_data(&fixture.join("data"), &dir);
+    let list = |dir: &std::path::Path| -> serde_json::Value {
+        let o = std::process::Command::new(common::berth_bin())
+            .arg("--data-dir")
+            .arg(dir)
+            .args(["task", "list", "-o", "json"])
+            .env("BERTH_NOW", "2030-01-01T00:00:00Z")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", common::stderr(&o));
+        serde_json::from_slice(&o.stdout).expect("json")
+    };
+    let expected: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture.join("expected-list.json")).expect("expected"),
+    )
+    .expect("json");
+    assert_eq!(list(&dir), expected, "read as the older build listed it");
+    let one = common::task_json(&dir, 1);
+    assert_eq!(one["status"], "queued");
+    assert!(
+        one["started_at"]
+            .as_u64()
+            .is_some_and(|s| s > one["queued_at"].as_u64().unwrap()),
+        "the old retry kept the times of its last run: {one}"
+    );
+    let o = common::berth(&dir, &["verify"]);
+    assert!(
+        o.status.success(),
+        "{}{}",
+        common::stdout(&o),
+        common::stderr(&o)
+    );
+    assert!(
+        common::stdout(&o).contains("11 events replayed"),
+        "{}",
+        common::stdout(&o)
+    );
+
+    let before = berth::clock::system().now_ms();
+    let o = common::berth(&dir, &["task", "retry", "2"]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let two = common::task_json(&dir, 2);
+    assert_eq!(two["status"], "queued");
+    assert!(
+        two["queued_at"].as_u64().is_some_and(|q| q >= before),
+        "{two}"
+    );
+    assert_eq!(two["started_at"], serde_json::Value::Null, "{two}");
+    assert_eq!(common::task_json(&dir, 1), one, "task 1 unchanged");
+    let o = common::berth(&dir, &["verify"]);
+    assert!(
+        o.status.success(),
+        "{}{}",
+        common::stdout(&o),
+        common::stderr(&o)
+    );
+    assert!(
+        common::stdout(&o).contains("12 events replayed"),
+        "{}",
+        common::stdout(&o)
+    );
+    let log = common::stdout(&common::berth(&dir, &["log"]));
+    let retried = log.lines().filter(|l| l.contains(" retried ")).count();
+    assert_eq!(retried, 2, "{log}");
+    let db = sled::open(dir.join("db")).expect("sled");
+    let format = db.get(b"mformat").expect("read").expect("mformat");
+    assert_eq!(
+        berth::codec::decode::<u64>(&format),
+        Ok(berth::store::keys::STORE_FORMAT)
+    );
+}

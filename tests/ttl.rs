@@ -336,26 +336,7 @@ fn fixture() -> std::path::PathBuf {
 
 /// Copies the fixture's data dir to `to` (inflating `db/db.gz`).
 fn copy_fixture(to: &Path) {
-    use std::io::Read;
-    let from = fixture().join("data");
-    std::fs::create_dir_all(to.join("db/blobs")).expect("mkdir");
-    std::fs::copy(from.join("berth.dir"), to.join("berth.dir")).expect("copy");
-    for f in std::fs::read_dir(from.join("db")).expect("read") {
-        let f = f.expect("entry");
-        let name = f.file_name().into_string().expect("a name");
-        match name.strip_suffix(".gz") {
-            Some(plain) => {
-                let mut bytes = Vec::new();
-                flate2::read::GzDecoder::new(std::fs::File::open(f.path()).expect("open"))
-                    .read_to_end(&mut bytes)
-                    .expect("gunzip");
-                std::fs::write(to.join("db").join(plain), bytes).expect("write");
-            }
-            None => {
-                std::fs::copy(f.path(), to.join("db").join(name)).expect("copy");
-            }
-        }
-    }
+    common::copy_fixture_data(&fixture().join("data"), to);
 }
 
 #[test]

@@ -365,3 +365,33 @@ pub fn file_hashes(dir: &Path) -> Vec<(String, u64)> {
     out.sort();
     out
 }
+
+/// Copies a fixture's data dir `from` (tests/fixtures/*/data) to `to`:
+/// `berth.dir`, `berth.high` if it has one, and `db/`, inflating its
+/// `*.gz` files (`db/db.gz` is sled's `db/db`); an empty `db/blobs/` is
+/// made (git keeps no empty folder).
+pub fn copy_fixture_data(from: &Path, to: &Path) {
+    use std::io::Read;
+    std::fs::create_dir_all(to.join("db/blobs")).expect("mkdir");
+    for name in ["berth.dir", "berth.high"] {
+        if from.join(name).exists() {
+            std::fs::copy(from.join(name), to.join(name)).expect("copy");
+        }
+    }
+    for f in std::fs::read_dir(from.join("db")).expect("read") {
+        let f = f.expect("entry");
+        let name = f.file_name().into_string().expect("a name");
+        match name.strip_suffix(".gz") {
+            Some(plain) => {
+                let mut bytes = Vec::new();
+                flate2::read::GzDecoder::new(std::fs::File::open(f.path()).expect("open"))
+                    .read_to_end(&mut bytes)
+                    .expect("gunzip");
+                std::fs::write(to.join("db").join(plain), bytes).expect("write");
+            }
+            None => {
+                std::fs::copy(f.path(), to.join("db").join(name)).expect("copy");
+            }
+        }
+    }
+}
