@@ -8,7 +8,7 @@
 //! | offset | size | field |
 //! |---|---|---|
 //! | 0 | 8 | magic `BERTHSEG` |
-//! | 8 | 2 | format version, 1 |
+//! | 8 | 2 | format version, 1 (a checkpoint's: 1 or 2, see `checkpoint.rs`) |
 //! | 10 | 2 | flags, 0 |
 //! | 12 | 8 | the first event number in the segment |
 //! | 20 | 8 | the last event number in the segment |
@@ -59,11 +59,16 @@ pub enum ArchiveError {
         why: String,
     },
     /// A file of this kind in a format version this build does not read.
-    #[error("{path}: a {what} of format version {version}; this build reads version {VERSION}")]
+    #[error(
+        "{path}: a {what} of format version {version}; this build reads {}",
+        versions(*.newest)
+    )]
     Version {
         path: PathBuf,
         what: &'static str,
         version: u16,
+        /// The newest version this build reads (it reads 1 to this).
+        newest: u16,
     },
     /// A file of this kind (its magic and version are right) whose bytes
     /// do not check out: cut short, a checksum mismatch, a header that
@@ -91,6 +96,8 @@ pub struct SegmentInfo {
     pub records: u32,
     /// The file's size on disk.
     pub bytes: u64,
+    /// Its format version.
+    pub version: u16,
 }
 
 /// The segment file name for a run that starts at `first_seq`.
@@ -133,7 +140,7 @@ pub(crate) fn write_file(
     let packed = frame::compress(&raw, LEVEL)?;
     let mut out = Vec::with_capacity(HEADER + packed.len() + 4);
     out.extend_from_slice(magic);
-    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(&newest_of(magic).to_le_bytes());
     out.extend_from_slice(&0u16.to_le_bytes());
     out.extend_from_slice(&first_seq.to_le_bytes());
     out.extend_from_slice(&last_seq.to_le_bytes());
@@ -156,6 +163,24 @@ fn what_of(magic: &[u8; 8]) -> &'static str {
         "berth archive segment"
     } else {
         "berth checkpoint"
+    }
+}
+
+/// The format version this build writes files with `magic` at, the newest
+/// it reads (it reads every version from 1 on).
+fn newest_of(magic: &[u8; 8]) -> u16 {
+    if magic == MAGIC {
+        VERSION
+    } else {
+        crate::checkpoint::VERSION
+    }
+}
+
+/// The versions this build reads, up to `newest`, in messages.
+fn versions(newest: u16) -> String {
+    match newest {
+        1 => "version 1".into(),
+        n => format!("versions 1 to {n}"),
     }
 }
 
@@ -189,11 +214,13 @@ fn parse_header(
         });
     }
     let version = u16::from_le_bytes([bytes[8], bytes[9]]);
-    if version != VERSION {
+    let newest = newest_of(magic);
+    if !(1..=newest).contains(&version) {
         return Err(ArchiveError::Version {
             path: path.to_path_buf(),
             what,
             version,
+            newest,
         });
     }
     let invalid = |why: String| ArchiveError::Damaged {
@@ -220,6 +247,7 @@ fn parse_header(
         last_seq: u64_at(bytes, 20),
         records: u32_at(bytes, 28),
         bytes: bytes.len() as u64,
+        version,
     };
     if info.first_seq > info.last_seq {
         return Err(invalid(format!(
@@ -349,6 +377,7 @@ pub fn list(dir: &Path) -> io::Result<Vec<SegmentInfo>> {
             last_seq: u64_at(&head, 20),
             records: u32_at(&head, 28),
             bytes: fs::metadata(&path)?.len(),
+            version: u16::from_le_bytes([head[8], head[9]]),
             path,
         });
     }

@@ -9,9 +9,11 @@
 //! segment's layout (`archive.rs`: header, one zstd frame of length-
 //! prefixed codec records, CRC-32) with the magic `BERTHCKP`; both event
 //! numbers in its header are the checkpoint's event. Its records are
-//! `Entry`s: first a `Head`, then every live task, every finished task,
-//! each queue's ids in order (in chunks), every attempt log and every
-//! kind's counters. The state comes from
+//! `Entry`s: first a `Head`, then (format version 2) an `At`, the time of
+//! the checkpoint's event when it is known, then every live task, every
+//! finished task, each queue's ids in order (in chunks), every attempt log
+//! and every kind's counters. Version 1 (written before `At`) is still
+//! read; a build that reads only version 1 refuses version 2, naming it. The state comes from
 //! [`Store::snapshot`](crate::store::Store::snapshot), which holds
 //! no lock while it reads (see `store/snapshot.rs`).
 
@@ -30,6 +32,9 @@ use crate::task::Task;
 /// The folder of a data dir's checkpoints.
 pub const DIR: &str = "checkpoints";
 const MAGIC: &[u8; 8] = b"BERTHCKP";
+/// The format version of the checkpoints this build writes, the newest it
+/// reads: 2 (an `At` entry may follow the head).
+pub(crate) const VERSION: u16 = 2;
 /// Queue ids per `Queue` entry.
 const QUEUE_CHUNK: usize = 8192;
 
@@ -58,6 +63,11 @@ enum Entry {
         kind: String,
         counts: KindCounts,
     },
+    /// Version 2: the time of the checkpoint's event (ms since the epoch),
+    /// right after the head, when the writer knew it.
+    At {
+        ms: u64,
+    },
 }
 
 /// The checkpoint file name for event `seq`.
@@ -78,6 +88,9 @@ pub fn write(data_dir: &Path, snap: &Snapshot) -> io::Result<PathBuf> {
         next_id: snap.next_id,
         count_from: m.count_from,
     })];
+    if let Some(ms) = snap.at {
+        records.push(codec::encode(&Entry::At { ms }));
+    }
     records.extend(
         m.live
             .values()
@@ -141,6 +154,7 @@ pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Snapshot, ArchiveError> {
     };
     let mut model = Model::default();
     let mut next_id = None;
+    let mut at = None;
     for (index, r) in slices.iter().enumerate() {
         let entry: Entry = codec::decode(r).map_err(|e| bad(index, e.to_string()))?;
         match entry {
@@ -177,10 +191,17 @@ pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Snapshot, ArchiveError> {
             Entry::Counts { kind, counts } => {
                 model.counts.insert(kind, counts);
             }
+            Entry::At { ms } if index == 1 && info.version >= 2 => at = Some(ms),
+            Entry::At { .. } => {
+                return Err(bad(
+                    index,
+                    "a time that is not right after the head of a version-2 checkpoint".into(),
+                ));
+            }
         }
     }
     let next_id = next_id.ok_or_else(|| bad(0, "no head".into()))?;
-    Ok(Snapshot { model, next_id })
+    Ok(Snapshot { model, next_id, at })
 }
 
 /// The checkpoints of a data dir, oldest first, by the event each is of
@@ -273,7 +294,51 @@ mod tests {
         Snapshot {
             model: m,
             next_id: 30_001,
+            at: Some(1_800_000_000_123),
         }
+    }
+
+    /// `bytes` of a checkpoint file with its version set to `version`, its
+    /// checksum made right again.
+    fn as_version(bytes: &[u8], version: u16) -> Vec<u8> {
+        let mut out = bytes[..bytes.len() - 4].to_vec();
+        out[8..10].copy_from_slice(&version.to_le_bytes());
+        crate::frame::seal(&mut out);
+        out
+    }
+
+    /// A version-1 checkpoint (no time: what builds before version 2 wrote)
+    /// still reads; a time in one is refused, and so is a version this
+    /// build does not know, naming the versions it reads.
+    #[test]
+    fn a_version_1_checkpoint_reads_without_its_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let untimed = Snapshot {
+            at: None,
+            ..snapshot()
+        };
+        let path = write(dir.path(), &untimed).unwrap();
+        let v2 = std::fs::read(&path).unwrap();
+        assert_eq!(u16::from_le_bytes([v2[8], v2[9]]), VERSION);
+        std::fs::write(&path, as_version(&v2, 1)).unwrap();
+        assert_eq!(read(&path).unwrap(), untimed);
+
+        let timed = write(dir.path(), &snapshot()).unwrap();
+        let v2 = std::fs::read(&timed).unwrap();
+        std::fs::write(&timed, as_version(&v2, 1)).unwrap();
+        let e = read(&timed).unwrap_err().to_string();
+        assert!(
+            e.contains("record 1 is corrupt: a time that is not right after the head"),
+            "{e}"
+        );
+        std::fs::write(&timed, as_version(&v2, 3)).unwrap();
+        let e = read(&timed).unwrap_err().to_string();
+        assert!(
+            e.ends_with(
+                ": a berth checkpoint of format version 3; this build reads versions 1 to 2"
+            ),
+            "{e}"
+        );
     }
 
     #[test]

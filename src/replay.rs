@@ -97,12 +97,13 @@ pub enum SourceError {
     TooOld { seq: u64, base: u64 },
     #[error(
         "the history kept here begins with the state after event {base}, known to hold from {} \
-         on (when its checkpoint was written): the state at {} is no longer kept (the archive's \
-         oldest segments were deleted by retention, or are missing)",
-        crate::units::format_time(*.from),
+         on ({}): the state at {} is no longer kept (the archive's oldest segments were deleted \
+         by retention, or are missing)",
+        crate::units::format_time(.from.ms()),
+        .from.what(),
         crate::units::format_time(*.at)
     )]
-    TooEarly { at: u64, base: u64, from: u64 },
+    TooEarly { at: u64, base: u64, from: KnownFrom },
     #[error("{}: the state before the first event kept (event {}) is needed, and missing", .path.display(), .base + 1)]
     NoBase { path: PathBuf, base: u64 },
     #[error(
@@ -411,13 +412,41 @@ impl<'a> Source<'a> {
 pub struct Start {
     pub model: Model,
     /// For a checkpoint: from when on its state is known to be the data
-    /// dir's (ms since the epoch), the time its file was last written
-    /// (after its event, so never earlier than the event's own time). `None`
-    /// for the empty state before event 1. A checkpoint carries no time
-    /// of its own, so a moment before this one, and before the first event
-    /// kept after the checkpoint, cannot be told apart from a moment before
-    /// the checkpoint's event, which the history no longer holds.
-    pub known_from: Option<u64>,
+    /// dir's (ms since the epoch): the time of its event, which a
+    /// checkpoint of format version 2 records; for one that does not (a
+    /// version-1 file, or an event the writer no longer had), the time its
+    /// file was last written (after its event, so never earlier than the
+    /// event's own time), so a moment before that, and before the first
+    /// event kept after the checkpoint, cannot be told apart from a moment
+    /// before the checkpoint's event, which the history no longer holds.
+    /// `None` for the empty state before event 1.
+    pub known_from: Option<KnownFrom>,
+}
+
+/// From when a starting checkpoint's state is known to hold (ms since the
+/// epoch), and how that is known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KnownFrom {
+    /// The time of its event, which the checkpoint records.
+    Event(u64),
+    /// The time its file was written: a checkpoint without its event's time.
+    Written(u64),
+}
+
+impl KnownFrom {
+    pub fn ms(self) -> u64 {
+        match self {
+            KnownFrom::Event(ms) | KnownFrom::Written(ms) => ms,
+        }
+    }
+
+    /// How it is known, in messages.
+    fn what(self) -> &'static str {
+        match self {
+            KnownFrom::Event(_) => "the time of that event",
+            KnownFrom::Written(_) => "when its checkpoint was written",
+        }
+    }
 }
 
 /// The empty state, or any other known to hold whatever the moment.
@@ -464,7 +493,14 @@ pub fn start_for(data_dir: &Path, source: &Source<'_>, until: Until) -> Result<S
         Until::Time(_) => usable.first().filter(|(seq, _)| *seq == base),
     };
     let (mut model, known_from) = match chosen {
-        Some((_, path)) => (crate::checkpoint::read(path)?.model, Some(written_ms(path))),
+        Some((_, path)) => {
+            let snap = crate::checkpoint::read(path)?;
+            let from = match snap.at {
+                Some(ms) => KnownFrom::Event(ms),
+                None => KnownFrom::Written(written_ms(path)),
+            };
+            (snap.model, Some(from))
+        }
         None if base == 0 => (Model::default(), None),
         None => {
             return Err(SourceError::NoBase {
@@ -620,7 +656,7 @@ pub fn state_at(
     // starting checkpoint is known to hold: it may be before the
     // checkpoint's own event.
     if let (Until::Time(at), Some(from), None) = (until, start.known_from, last)
-        && at < from
+        && at < from.ms()
     {
         return Err(SourceError::TooEarly {
             at,

@@ -363,8 +363,10 @@ fn rebase(
         }
     };
     let (_, records) = archive::read_segment(&segment.path)?;
+    let mut at = None;
     for rec in records {
         for ev in rec.events {
+            at = Some(ev.at);
             model.apply(ev).map_err(|e| RetentionError::Replay {
                 path: segment.path.clone(),
                 why: e.to_string(),
@@ -372,7 +374,8 @@ fn rebase(
         }
         next_id = rec.next_id;
     }
-    checkpoint::write(dir, &Snapshot { model, next_id }).map_err(io("writing checkpoint", dir))?;
+    let snap = Snapshot { model, next_id, at };
+    checkpoint::write(dir, &snap).map_err(io("writing checkpoint", dir))?;
     Ok(())
 }
 

@@ -36,6 +36,8 @@ fn run_tasks(store: &Store, clock: &FakeClock, queue: &str, n: usize) -> Vec<u64
         w.succeed(id, None).expect("succeed");
         w.to_history(id, Status::Succeeded).expect("to history");
         w.commit().expect("commit");
+        // The next task's enqueue comes later than this one's end.
+        clock.advance_ms(1);
         ids.push(id);
     }
     ids
@@ -305,31 +307,54 @@ fn the_archive_is_trimmed_and_its_base_moves_forward() {
     assert_eq!(seqs.len() as u64, last - first + 1);
 
     // A moment before the first event kept: the base checkpoint's state is
-    // the answer only from when that checkpoint is known to hold (its
-    // file's time, after its event); before that, the moment may be before
-    // the checkpoint's event, which is no longer kept. Here the checkpoint
-    // is dated 5 ms before the first event kept.
+    // the answer from the time of its event on, which it records; before
+    // that, the moment is before the checkpoint's event, no longer kept.
+    // The file's own time does not matter then (dated far ahead here).
     let first_at = log[0]["time"]
         .as_str()
         .and_then(|t| berth::units::parse_time(t, 0).ok())
         .expect("the first event's time");
     let base = checkpoint::path_of(dir.path(), first - 1).expect("the base checkpoint");
-    std::fs::File::options()
-        .write(true)
-        .open(&base)
-        .and_then(|f| {
-            f.set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_millis(first_at - 5))
-        })
-        .expect("dating the base checkpoint");
+    let date = |path: &std::path::Path, ms: u64| {
+        std::fs::File::options()
+            .write(true)
+            .open(path)
+            .and_then(|f| {
+                f.set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
+            })
+            .expect("dating the base checkpoint");
+    };
+    date(&base, first_at + 3_600_000);
+    let base_at = checkpoint::read(&base)
+        .expect("the base checkpoint")
+        .at
+        .expect("the time of its event");
+    // (The fake clock moves between two tasks: the two are apart.)
+    assert!(base_at < first_at, "{base_at} not before {first_at}");
     let at = |ms: u64| json(&["replay", "--at", &ms.to_string(), "-o", "json"]);
     let at_seq = |seq: u64| json(&["replay", "--seq", &seq.to_string(), "-o", "json"]);
+    let too_early = |ms: u64, known: &str| {
+        let o = berth(dir.path(), &["replay", "--at", &ms.to_string()]);
+        assert_eq!(o.status.code(), Some(2), "{}", common::stderr(&o));
+        let e = common::stderr(&o);
+        assert!(e.contains("no longer kept"), "{e}");
+        assert!(e.contains(&format!("after event {}", first - 1)), "{e}");
+        assert!(e.contains(known), "{e}");
+    };
+    assert_eq!(at(first_at - 1)["queues"], at_seq(first - 1)["queues"]);
+    assert_eq!(at(base_at)["queues"], at_seq(first - 1)["queues"]);
+    assert_eq!(at(first_at)["queues"], at_seq(first)["queues"]);
+    too_early(base_at - 1, "(the time of that event)");
+    // A checkpoint without its event's time (what builds before its format
+    // version 2 wrote) is known to hold from when its file was written,
+    // after its event: dated 5 ms before the first event kept here.
+    let snap = checkpoint::read(&base).expect("the base checkpoint");
+    checkpoint::write(dir.path(), &berth::store::Snapshot { at: None, ..snap })
+        .expect("the base without its time");
+    date(&base, first_at - 5);
     assert_eq!(at(first_at - 1)["queues"], at_seq(first - 1)["queues"]);
     assert_eq!(at(first_at)["queues"], at_seq(first)["queues"]);
-    let o = berth(dir.path(), &["replay", "--at", &(first_at - 6).to_string()]);
-    assert_eq!(o.status.code(), Some(2), "{}", common::stderr(&o));
-    let e = common::stderr(&o);
-    assert!(e.contains("no longer kept"), "{e}");
-    assert!(e.contains(&format!("after event {}", first - 1)), "{e}");
+    too_early(first_at - 6, "(when its checkpoint was written)");
 
     // `verify` reads the whole archive too (a replay from the log's start
     // reads none of it), and exits 1 when it is damaged or has a hole.

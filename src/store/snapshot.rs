@@ -31,6 +31,10 @@ use crate::store::verify::Model;
 pub struct Snapshot {
     pub model: Model,
     pub next_id: u64,
+    /// When the snapshot's last event (`model.last_seq`) happened (ms since
+    /// the epoch), if known: the state holds from then on (a checkpoint
+    /// records it, for `replay --at`).
+    pub at: Option<u64>,
 }
 
 /// One commit record of the store's log, as retention sees it.
@@ -105,7 +109,17 @@ impl Store {
         let mut model = model_from_keys(state)?;
         model.last_seq = s1 - 1;
         model.count_from = count_from;
-        Ok(Snapshot { model, next_id })
+        // The last event's time, while the log still holds it.
+        let at = match model.last_seq {
+            0 => None,
+            last => self
+                .events_from(last)
+                .next()
+                .transpose()?
+                .filter(|e| e.seq == last)
+                .map(|e| e.at),
+        };
+        Ok(Snapshot { model, next_id, at })
     }
 
     /// The commit records of the log, oldest first, with their sizes and
