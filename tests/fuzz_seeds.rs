@@ -92,6 +92,11 @@ fn gzip() {
 }
 
 #[test]
+fn store_files() {
+    replay("store_files");
+}
+
+#[test]
 fn store_ops() {
     replay("store_ops");
 }

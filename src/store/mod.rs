@@ -46,3 +46,61 @@ pub use panics::catch as catch_panic;
 pub use snapshot::{LogCut, LogRecord, Snapshot};
 pub use wal::{SEGMENT_BYTES as WAL_SEGMENT_BYTES, TIGHT as WAL_TIGHT};
 pub use write::{Cancellation, Published, WriteTxn};
+
+/// Entry points for berth's fuzz targets (`fuzz/`, target `store_files`):
+/// the decoders of the files the store keeps beside sled's, the
+/// write-ahead log's segments and the high-water mark. Not part of the API.
+#[doc(hidden)]
+pub mod fuzzing {
+    /// A write-ahead log frame: first event, the event after its last, body.
+    pub type Frame = (u64, u64, Vec<u8>);
+
+    /// A segment's bytes read as opening reads them: its whole frames, and
+    /// where reading stopped before the end and why.
+    pub fn wal_segment(bytes: &[u8]) -> (Vec<Frame>, Option<(usize, String)>) {
+        let mut frames = Vec::new();
+        let stop = super::wal::read_segment(bytes, &mut frames);
+        let frames = frames
+            .into_iter()
+            .map(|f| (f.first_seq, f.next_seq, f.body))
+            .collect();
+        (frames, stop.map(|(at, why, _)| (at, why)))
+    }
+
+    /// The bytes a segment holding `frames` begins with: its header, then
+    /// each frame as the log writes it.
+    pub fn wal_bytes(frames: &[Frame]) -> Vec<u8> {
+        let mut out = super::wal::segment_header();
+        for (first, next, body) in frames {
+            super::wal::encode_frame(&mut out, *first, *next, body);
+        }
+        out
+    }
+
+    /// The log in `db/wal` under `db` read as opening reads it: its frames,
+    /// and the damage or the torn last write it ends with.
+    pub fn wal_read(
+        db: &std::path::Path,
+    ) -> std::io::Result<(Vec<Frame>, Option<String>, Option<String>)> {
+        let r = super::wal::read(db)?;
+        let frames = r
+            .frames
+            .into_iter()
+            .map(|f| (f.first_seq, f.next_seq, f.body))
+            .collect();
+        Ok((frames, r.damage, r.torn))
+    }
+
+    /// A high-water mark's bytes read back: (next event, next id).
+    pub fn high_mark(bytes: &[u8]) -> Result<(u64, u64), String> {
+        super::high_mark::decode(bytes).map(|m| (m.next_event, m.next_id))
+    }
+
+    /// The bytes of the high-water mark (next event, next id).
+    pub fn high_mark_bytes(next_event: u64, next_id: u64) -> String {
+        super::high_mark::encode(&super::high_mark::Mark {
+            next_event,
+            next_id,
+        })
+    }
+}

@@ -356,10 +356,7 @@ impl Segment {
             true => super::files::open_private(&path)?,
             false => super::files::create_private(&path)?,
         };
-        let mut header = [0u8; HEADER];
-        header[..8].copy_from_slice(MAGIC);
-        header[8..12].copy_from_slice(&VERSION.to_le_bytes());
-        file.write_all_at(&header, 0)?;
+        file.write_all_at(&segment_header(), 0)?;
         if spare {
             file.sync_data()?;
         } else {
@@ -402,7 +399,15 @@ fn reserve(_file: &File, _len: u64) -> io::Result<()> {
     Ok(())
 }
 
-fn encode_frame(out: &mut Vec<u8>, first_seq: u64, next_seq: u64, body: &[u8]) {
+/// A segment's header: the magic, the version, 4 zero bytes.
+pub(super) fn segment_header() -> Vec<u8> {
+    let mut header = vec![0u8; HEADER];
+    header[..8].copy_from_slice(MAGIC);
+    header[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    header
+}
+
+pub(super) fn encode_frame(out: &mut Vec<u8>, first_seq: u64, next_seq: u64, body: &[u8]) {
     let len = u32::try_from(body.len()).unwrap_or(u32::MAX);
     let mut h = crc32fast::Hasher::new();
     h.update(&first_seq.to_le_bytes());
@@ -487,7 +492,7 @@ fn rest_empty_after_frame(bytes: &[u8], offset: usize) -> bool {
 /// Appends a segment's whole frames to `frames`; returns where and why it
 /// stopped early (`None`: at its end), and whether because a whole frame
 /// did not follow the one before (never a torn write: files are not reused).
-fn read_segment(bytes: &[u8], frames: &mut Vec<Frame>) -> Option<(usize, String, bool)> {
+pub(super) fn read_segment(bytes: &[u8], frames: &mut Vec<Frame>) -> Option<(usize, String, bool)> {
     if bytes.len() < HEADER || &bytes[..8] != MAGIC {
         return Some((0, "not a berth write-ahead segment".into(), false));
     }

@@ -17,6 +17,7 @@ mod config;
 mod control;
 mod gzip;
 mod log_files;
+mod store_files;
 mod store_ops;
 mod transfer;
 mod units;
@@ -28,6 +29,7 @@ pub use config::config;
 pub use control::control;
 pub use gzip::gzip;
 pub use log_files::log_files;
+pub use store_files::store_files;
 pub use store_ops::store_ops;
 pub use transfer::transfer;
 pub use units::units;
@@ -48,6 +50,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("control", control),
     ("gzip", gzip),
     ("log_files", log_files),
+    ("store_files", store_files),
     ("store_ops", store_ops),
     ("transfer", transfer),
     ("units", units),
