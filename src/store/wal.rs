@@ -39,7 +39,7 @@
 //!   how they end (see `health`: below the reserve, only such writes go on).
 //!
 //! **Layout.** Header: `BERTHWAL` and a version (u32 LE, 1) and 4 zero
-//! bytes. Frame: body length (u32 LE), CRC-32 of what follows the CRC
+//! bytes (a header with anything else there is damage). Frame: body length (u32 LE), CRC-32 of what follows the CRC
 //! (u32 LE), the record's first event number and the one after its last
 //! (u64 LE each), then the body: the commit record's bytes as `codec` framed
 //! them.
@@ -501,6 +501,13 @@ pub(super) fn read_segment(bytes: &[u8], frames: &mut Vec<Frame>) -> Option<(usi
         return Some((
             8,
             format!("version {version}; this build reads {VERSION}"),
+            false,
+        ));
+    }
+    if bytes[12..HEADER] != [0; 4] {
+        return Some((
+            12,
+            "a header whose last 4 bytes are not zeros".into(),
             false,
         ));
     }
