@@ -1046,3 +1046,63 @@ fn a_data_dir_that_cannot_be_looked_into_says_permission_denied() {
     assert!(stderr(&o).contains("Permission denied"), "{}", stderr(&o));
     assert_eq!(common::file_hashes(&dir), before);
 }
+
+/// A daemon that waits for its data dir (a command holds the lock)
+/// announces itself in `berth.starting`, which it holds locked, and a
+/// command on that dir answers once the daemon serves. A copy of the data
+/// dir taken meanwhile has the same file, naming a live process, but
+/// nobody holds it there: a command on the copy reads it at once, instead
+/// of waiting `--timeout` for a daemon that will never answer there and
+/// exiting 3.
+#[test]
+fn a_starting_daemons_announcement_counts_only_where_it_waits() {
+    let root = tempdir();
+    let cfg = write_root(
+        root.path(),
+        "#!/bin/sh\ncat >/dev/null\n",
+        "[handlers.Quick]\ncommand = [\"./hook.sh\"]\n",
+    );
+    let dir = root.path().join("data");
+    let args = [
+        "enqueue", "--queue", "main", "--kind", "Quick", "--name", "q",
+    ];
+    assert!(berth(&dir, &args).status.success());
+    // The lock, held as a command holds it.
+    let mut lock = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .open(dir.join("berth.lock"))
+        .expect("berth.lock");
+    lock.lock().expect("flock");
+    lock.set_len(0).expect("truncate");
+    writeln!(lock, "command {}", std::process::id()).expect("holder line");
+    let mut daemon = Daemon::spawn_with(&cfg, &dir, &[], |_| {});
+    daemon.wait_log("waiting for a command");
+    assert!(dir.join("berth.starting").exists());
+
+    let copy = root.path().join("copy");
+    let cp = Command::new("cp")
+        .arg("-a")
+        .arg(&dir)
+        .arg(&copy)
+        .status()
+        .expect("cp");
+    assert!(cp.success());
+    assert!(copy.join("berth.starting").exists(), "copied with the dir");
+    let o = berth(&copy, &["--timeout", "3s", "task", "list", "-o", "json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let rows: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(rows.as_array().map(Vec::len), Some(1), "{rows}");
+
+    // On the real dir, the daemon serves once the lock is released.
+    drop(lock);
+    wait_for("the daemon's socket", || {
+        std::os::unix::net::UnixStream::connect(dir.join("berth.sock")).is_ok()
+    });
+    assert!(!dir.join("berth.starting").exists(), "withdrawn");
+    let o = berth(&dir, &["--timeout", "10s", "task", "list", "-o", "json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    daemon.signal(libc::SIGTERM);
+    let (status, _) = daemon.wait_exit(Duration::from_secs(30));
+    assert!(status.success(), "{}", daemon.log_text());
+}
