@@ -1042,18 +1042,14 @@ fn a_retry_recorded_by_an_older_build_replays_as_it_did() {
             .is_some_and(|s| s > one["queued_at"].as_u64().unwrap()),
         "the old retry kept the times of its last run: {one}"
     );
-    let o = common::berth(&dir, &["verify"]);
-    assert!(
-        o.status.success(),
-        "{}{}",
-        common::stdout(&o),
-        common::stderr(&o)
-    );
-    assert!(
-        common::stdout(&o).contains("11 events replayed"),
-        "{}",
-        common::stdout(&o)
-    );
+    // `verify` agrees, having replayed `events`.
+    let verifies = |events: u64| {
+        let o = common::berth(&dir, &["verify"]);
+        let out = common::stdout(&o);
+        assert!(o.status.success(), "{out}{}", common::stderr(&o));
+        assert!(out.contains(&format!("{events} events replayed")), "{out}");
+    };
+    verifies(11);
 
     let before = berth::clock::system().now_ms();
     let o = common::berth(&dir, &["task", "retry", "2"]);
@@ -1066,18 +1062,7 @@ fn a_retry_recorded_by_an_older_build_replays_as_it_did() {
     );
     assert_eq!(two["started_at"], serde_json::Value::Null, "{two}");
     assert_eq!(common::task_json(&dir, 1), one, "task 1 unchanged");
-    let o = common::berth(&dir, &["verify"]);
-    assert!(
-        o.status.success(),
-        "{}{}",
-        common::stdout(&o),
-        common::stderr(&o)
-    );
-    assert!(
-        common::stdout(&o).contains("12 events replayed"),
-        "{}",
-        common::stdout(&o)
-    );
+    verifies(12);
     let log = common::stdout(&common::berth(&dir, &["log"]));
     let retried = log.lines().filter(|l| l.contains(" retried ")).count();
     assert_eq!(retried, 2, "{log}");
