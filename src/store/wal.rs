@@ -466,8 +466,16 @@ pub fn read(db: &Path) -> io::Result<Replay> {
         };
         let place = format!("{} at byte {offset}: {why}", path.display());
         // In the last segment, with nothing but zeros (reserved space) or the
-        // end of the file after it: the last write, cut short.
-        if i == last && !follows && rest_empty_after_frame(&bytes, offset) {
+        // end of the file after it: the last write, cut short. A stop in the
+        // header (a segment created but whose header never reached the disk
+        // whole) is one only when no byte that could be a frame follows it.
+        let cut_short = match offset < HEADER {
+            true => bytes
+                .get(HEADER..)
+                .is_none_or(|r| r.iter().all(|b| *b == 0)),
+            false => rest_empty_after_frame(&bytes, offset),
+        };
+        if i == last && !follows && cut_short {
             out.torn = Some(place);
         } else {
             out.damage = Some(place);
@@ -743,6 +751,37 @@ mod tests {
             "{:?}",
             r.torn
         );
+    }
+
+    /// A header that does not read, in the last segment, is a segment cut
+    /// short only when no byte that could be a frame follows it: with
+    /// frames after it (whatever its bytes say a frame's length is), it is
+    /// damage, and opening refuses the dir instead of dropping them.
+    #[test]
+    fn a_bad_header_with_frames_after_it_is_damage_not_a_cut() {
+        let t = tempfile::tempdir().unwrap();
+        let w = wal(t.path());
+        w.append(1, 2, &body(1, 40));
+        w.flush().unwrap();
+        let path = only_segment(t.path());
+        let good = fs::read(&path).unwrap();
+        for (at, to) in [(12, 0xff), (12, 0x01), (9, 0x02), (0, b'X')] {
+            let mut bad = good.clone();
+            bad[at] = to;
+            fs::write(&path, &bad).unwrap();
+            let r = read(t.path()).unwrap();
+            assert!(r.frames.is_empty(), "{at}");
+            assert_eq!(r.torn, None, "{at}");
+            assert!(r.damage.is_some(), "{at}");
+        }
+        // Nothing after a header that never reached the disk whole (a file
+        // of zeros, or cut inside its header): nothing was acknowledged in it.
+        for bytes in [vec![0u8; 4096], good[..10].to_vec(), Vec::new()] {
+            fs::write(&path, &bytes).unwrap();
+            let r = read(t.path()).unwrap();
+            assert_eq!(r.damage, None, "{}", bytes.len());
+            assert!(r.torn.is_some(), "{}", bytes.len());
+        }
     }
 
     #[test]
