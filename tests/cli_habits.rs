@@ -830,6 +830,15 @@ fn a_bad_value_from_the_environment_names_its_variable() {
         "abc",
     );
     common::assert_refused(&o, 1, "does not exist");
+    // A value spelled like the flag (here a file name after `--`) is not the
+    // flag: the variable is still to blame, not ignored.
+    let o = Command::new(common::berth_bin())
+        .args(["import", "--", "--timeout"])
+        .env("BERTH_TIMEOUT", "abc")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    common::assert_refused(&o, 2, "in the environment variable BERTH_TIMEOUT");
     assert_eq!(
         std::fs::read_dir(dir.path()).unwrap().count(),
         0,
@@ -867,6 +876,15 @@ fn an_argument_that_is_not_utf8_is_named() {
         .output()
         .unwrap();
     common::assert_refused(&o, 2, "argument 5 (the value of --kind) is not valid UTF-8");
+    // A path may be any bytes: the argument blamed is the one refused.
+    let o = Command::new(common::berth_bin())
+        .arg("--data-dir")
+        .arg(dir.path().join(OsStr::from_bytes(b"d\xfd")))
+        .args(["task", "list", "--kind"])
+        .arg(OsStr::from_bytes(b"k\xfc"))
+        .output()
+        .unwrap();
+    common::assert_refused(&o, 2, "argument 6 (the value of --kind) is not valid UTF-8");
     assert!(!data.exists(), "nothing was created");
 }
 

@@ -362,12 +362,19 @@ const FROM_ENV: [(&str, &str, &str); 3] = [
     ("config", "--config", "BERTH_CONFIG"),
 ];
 
-/// Whether the command line (`args`, the program's name first) gives `flag`.
+/// Whether the command line (`args`, the program's name first) seems to
+/// give `flag`: an argument before any `--` that is the flag or begins
+/// with `flag=` (a value spelled like the flag is told apart after parsing,
+/// by where clap says the value came from).
 fn gives(args: &[OsString], flag: &str) -> bool {
-    args.iter().skip(1).any(|a| {
-        a.to_str()
-            .is_some_and(|a| a == flag || a.strip_prefix(flag).is_some_and(|v| v.starts_with('=')))
-    })
+    args.iter()
+        .skip(1)
+        .take_while(|a| a.to_str() != Some("--"))
+        .any(|a| {
+            a.to_str().is_some_and(|a| {
+                a == flag || a.strip_prefix(flag).is_some_and(|v| v.starts_with('='))
+            })
+        })
 }
 
 /// The option of FROM_ENV that `e` blames, if any.
@@ -394,16 +401,30 @@ fn blamed(e: &clap::Error) -> Option<(&'static str, &'static str, &'static str)>
 /// without that variable.
 pub fn parse(args: &[OsString]) -> Result<clap::ArgMatches, clap::Error> {
     use clap::CommandFactory;
+    use clap::parser::ValueSource;
     let mut cmd = Cli::command();
+    // The variables left out, each with the error it gave.
+    let mut dropped: Vec<(&str, clap::Error)> = Vec::new();
     for _ in 0..=FROM_ENV.len() {
         match cmd.clone().try_get_matches_from(args) {
             Err(e) => match blamed(&e).filter(|(_, flag, _)| gives(args, flag)) {
-                Some((id, _, _)) => {
-                    cmd = cmd.mut_arg(id, |a| a.env(clap::builder::Resettable::Reset))
+                Some((id, _, _)) if !dropped.iter().any(|(d, _)| *d == id) => {
+                    cmd = cmd.mut_arg(id, |a| a.env(clap::builder::Resettable::Reset));
+                    dropped.push((id, e));
                 }
-                None => return Err(e),
+                _ => return Err(e),
             },
-            ok => return ok,
+            Ok(m) => {
+                // An option that only looked given (a value spelled like
+                // it): its variable's error stands.
+                return match dropped
+                    .into_iter()
+                    .find(|(id, _)| m.value_source(id) != Some(ValueSource::CommandLine))
+                {
+                    Some((_, e)) => Err(e),
+                    None => Ok(m),
+                };
+            }
         }
     }
     cmd.try_get_matches_from(args)
@@ -425,11 +446,28 @@ pub fn explain(
     env: impl Fn(&str) -> Option<OsString>,
 ) -> Option<String> {
     if e.kind() == clap::error::ErrorKind::InvalidUtf8 {
-        let (at, bad) = args
+        // Paths take any bytes: the argument to blame is the one that,
+        // alone not UTF-8 among the arguments, still makes clap refuse.
+        let alone_refused = |i: usize| {
+            let only: Vec<OsString> = args
+                .iter()
+                .enumerate()
+                .map(|(j, a)| match j == i || a.to_str().is_some() {
+                    true => a.clone(),
+                    false => OsString::from("x"),
+                })
+                .collect();
+            matches!(parse(&only), Err(e) if e.kind() == clap::error::ErrorKind::InvalidUtf8)
+        };
+        let mut bad_ones = args
             .iter()
             .enumerate()
             .skip(1)
-            .find(|(_, a)| a.to_str().is_none())?;
+            .filter(|(_, a)| a.to_str().is_none());
+        let (at, bad) = bad_ones
+            .clone()
+            .find(|(i, _)| alone_refused(*i))
+            .or_else(|| bad_ones.next())?;
         let text = bad.to_string_lossy();
         let flag = match text.split_once('=') {
             Some((flag, _)) if flag.starts_with("--") => Some(flag.to_string()),
