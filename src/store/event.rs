@@ -227,19 +227,16 @@ pub fn apply(task: &mut Task, at: u64, kind: &EventKind) {
             task.failures = *failures;
             task.last_failure = message.clone();
         }
-        EventKind::Retried { .. } => {
+        EventKind::Retried { .. } | EventKind::RetriedAnew { .. } => {
             task.status = Status::Queued;
             task.failures = 0;
             task.retry_at = None;
             task.finished_at = None;
-        }
-        EventKind::RetriedAnew { .. } => {
-            task.status = Status::Queued;
-            task.failures = 0;
-            task.retry_at = None;
-            task.finished_at = None;
-            task.queued_at = at;
-            task.started_at = None;
+            // Queued anew; the old event kept the times of the last run.
+            if matches!(kind, EventKind::RetriedAnew { .. }) {
+                task.queued_at = at;
+                task.started_at = None;
+            }
         }
         EventKind::MovedToHistory { status, .. } => {
             task.status = *status;
