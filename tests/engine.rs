@@ -777,6 +777,74 @@ fn a_corrupt_child_keeps_its_group_waiting_and_run_until_idle_gives_up() {
 }
 
 #[test]
+fn a_group_in_a_parallel_queue_runs_its_children_in_the_other_ones() {
+    // Each child runs in a parallel queue other than the one its parent
+    // waits in: a child placed behind its own parent would never start.
+    // Two parallel queues, the group in the first: every child runs in the
+    // second, and the single behind the group runs after it.
+    let s = setup(FakeClock::auto_advancing(T0));
+    let runs: Arc<Mutex<Vec<(String, String)>>> = Default::default();
+    let mut h = Handlers::new();
+    let seen = runs.clone();
+    h.register("ModuleRun", move |ctx: &TaskContext| {
+        seen.lock()
+            .unwrap()
+            .push((ctx.task.name.clone(), ctx.task.queue.clone()));
+        Outcome::success()
+    });
+    let cfg = EngineConfig {
+        parallel_queues: 2,
+        ..EngineConfig::default()
+    };
+    let e = engine(&s, h, cfg);
+    let parent = group(&e, "ModuleRun", "parallel_queue_0", &["x1", "x2", "x3"]);
+    e.enqueue(spec("parallel_queue_0", "after"), Placement::Last)
+        .unwrap();
+    let sum = e.run_until_idle().unwrap();
+    assert_eq!(sum.stuck, 0, "nothing is left waiting");
+    assert_eq!(
+        sum.tally.succeeded, 5,
+        "three children, the parent and the single"
+    );
+    assert_eq!(
+        s.store.task(parent).unwrap().unwrap().status,
+        Status::Succeeded
+    );
+    let runs = runs.lock().unwrap().clone();
+    let names: Vec<_> = runs.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["x1", "x2", "x3", "after"]);
+    assert!(
+        runs[..3].iter().all(|(_, q)| q == "parallel_queue_1"),
+        "{runs:?}"
+    );
+    assert_log_agrees(&s.store);
+
+    // With one parallel queue, the group in it has nowhere for its children:
+    // it waits, the other queues run, and running until idle gives up on it.
+    let s = setup(FakeClock::auto_advancing(T0));
+    let mut h = Handlers::new();
+    h.register("ModuleRun", |_: &TaskContext| Outcome::success());
+    let cfg = EngineConfig {
+        parallel_queues: 1,
+        ..EngineConfig::default()
+    };
+    let e = engine(&s, h, cfg);
+    let parent = group(&e, "ModuleRun", "parallel_queue_0", &["y1", "y2"]);
+    let single = e.enqueue(spec("main", "single"), Placement::Last).unwrap();
+    let sum = e.run_until_idle().unwrap();
+    assert_eq!(sum.stuck, 1, "the group parent is left in its queue");
+    assert_eq!(
+        s.store.task(single).unwrap().unwrap().status,
+        Status::Succeeded
+    );
+    let p = s.store.task(parent).unwrap().unwrap();
+    assert_eq!(p.status, Status::Queued);
+    for &c in p.children.iter() {
+        assert_eq!(s.store.queue_of(c), None, "child {c} was placed nowhere");
+    }
+}
+
+#[test]
 fn every_attempt_is_logged_and_a_library_handler_sees_a_cancel() {
     use berth::store::AttemptOutcome;
     let s = setup(FakeClock::new(T0));

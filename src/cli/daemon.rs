@@ -514,7 +514,7 @@ fn finish(summary: RunSummary, until_idle: bool) -> Result<(), CliError> {
     );
     if summary.stuck > 0 {
         return Err(CliError::runtime(format!(
-            "{} task(s) cannot start (corrupt records; see the log) and were left in their queues",
+            "{} task(s) cannot start and were left in their queues (see the errors logged above)",
             summary.stuck
         )));
     }

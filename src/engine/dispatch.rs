@@ -212,12 +212,30 @@ impl Scheduler {
             self.placing.remove(&parent);
             return Ok(());
         }
-        let (children, name) = {
+        let (children, name, own) = {
             let p = w.task(parent)?;
-            (p.children.clone(), p.name.clone())
+            (p.children.clone(), p.name.clone(), p.queue.clone())
         };
-        let n = env.config.parallel_queues.max(1);
-        let mut lens: Vec<usize> = (0..n).map(|i| w.queue_len(&parallel_queue(i))).collect();
+        // Every parallel queue but the group's own: a child placed behind
+        // its waiting parent would never start.
+        let mut lens: Vec<(String, usize)> = (0..env.config.parallel_queues.max(1))
+            .map(parallel_queue)
+            .filter(|q| *q != own)
+            .map(|q| {
+                let len = w.queue_len(&q);
+                (q, len)
+            })
+            .collect();
+        if lens.is_empty() {
+            self.placing.remove(&parent);
+            log::error!(
+                target: LOG_TARGET,
+                "group {parent} {name} waits in {own}, the only parallel queue \
+                 (parallel_queues = 1): its children have no other parallel queue to run \
+                 in, so it cannot start (set parallel_queues to 2 or more)"
+            );
+            return Ok(());
+        }
         let (mut next, mut placed) = (from, 0);
         while next < children.len() && placed < PLACE_PER_STEP {
             let child = children[next];
@@ -225,13 +243,12 @@ impl Scheduler {
             if !w.exists(child) || !w.is_live(child)? || w.queue_of(child).is_some() {
                 continue;
             }
-            let (i, _) = lens
-                .iter()
-                .enumerate()
-                .min_by_key(|(_, l)| **l)
-                .unwrap_or((0, &0));
-            w.place(child, &parallel_queue(i), Placement::Last)?;
-            lens[i] += 1;
+            // The shortest (the first of equals); `lens` is not empty.
+            let Some(shortest) = lens.iter_mut().min_by_key(|(_, l)| *l) else {
+                break;
+            };
+            w.place(child, &shortest.0, Placement::Last)?;
+            shortest.1 += 1;
             placed += 1;
         }
         if placed > 0 {
