@@ -425,3 +425,40 @@ fn the_daemon_writes_its_textfile_and_berth_metrics_reads_the_same_counters() {
         .mode();
     assert_eq!(mode & 0o777, 0o644);
 }
+
+/// A group parent stays `queued` while its children run, but it does not
+/// wait: once its group has started, its queue's oldest wait leaves it out
+/// (a long group would otherwise look like a stuck queue).
+#[test]
+fn a_started_group_is_not_a_waiting_task() {
+    let dir = tempdir();
+    let clock = FakeClock::new(T0);
+    let store = common::open(dir.path(), &clock);
+    let specs = ["a", "b"]
+        .iter()
+        .map(|n| TaskSpec {
+            weight: Some(1),
+            ..spec("Ok", n)
+        })
+        .collect();
+    let parent = berth::submit::enqueue_batch(&store, specs).unwrap()[0];
+    let children = store.task(parent).unwrap().unwrap().children;
+    clock.advance_ms(5_000);
+    let wait = |store: &Store, q: &str| {
+        let m = parse(&berth::metrics::render(
+            &metrics(&Ctx::direct(Some(store), None)).expect("metrics"),
+        ));
+        get(
+            &m,
+            &format!("berth_queue_oldest_wait_seconds{{queue=\"{q}\"}}"),
+        )
+    };
+    assert_eq!(wait(&store, "main"), 5.0, "a group not started waits");
+    let mut w = store.write();
+    w.place(children[0], "parallel_queue_0", Placement::Last)
+        .unwrap();
+    w.commit().unwrap();
+    clock.advance_ms(5_000);
+    assert_eq!(wait(&store, "main"), 0.0, "the started group does not");
+    assert_eq!(wait(&store, "parallel_queue_0"), 10.0, "its child waits");
+}

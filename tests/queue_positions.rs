@@ -255,3 +255,43 @@ fn first_goes_behind_a_running_head_and_before_it_is_refused() {
     assert_eq!(s.queue_ids("main"), [c, f, d, a, b]);
     assert_log_agrees(&s);
 }
+
+/// A group parent stays `queued` while its children run, but once its
+/// group has started (a child placed) it holds its place as a running head
+/// does: `First` goes behind it and a place before it is refused. Before
+/// that it is a waiting task like any other.
+#[test]
+fn a_started_group_keeps_its_place_at_the_head() {
+    let dir = tempdir();
+    let clock = FakeClock::new(T0);
+    let s = open(dir.path(), &clock);
+    let specs = ["g1", "g2"]
+        .iter()
+        .map(|n| TaskSpec {
+            weight: Some(1),
+            ..spec("main", n)
+        })
+        .collect();
+    let parent = submit::enqueue_batch(&s, specs).unwrap()[0];
+    let children = s.task(parent).unwrap().unwrap().children;
+    // Not started: first is first.
+    let a = add(&s, "main", "a", Placement::First);
+    assert_eq!(s.queue_ids("main"), [a, parent]);
+    let mut w = s.write();
+    w.place(children[0], "parallel_queue_0", Placement::Last)
+        .unwrap();
+    w.commit().unwrap();
+    let mut w = s.write();
+    w.remove(a).unwrap();
+    w.commit().unwrap();
+    let b = add(&s, "main", "b", Placement::First);
+    assert_eq!(s.queue_ids("main"), [parent, b], "behind the started group");
+    let e = submit::enqueue_one(&s, spec("main", "c"), Placement::Before(parent)).unwrap_err();
+    assert!(
+        e.to_string().starts_with(&format!(
+            "task {parent} is running; cannot place a task before it"
+        )),
+        "{e}"
+    );
+    assert_log_agrees(&s);
+}

@@ -25,7 +25,7 @@ use crate::queues::{MAIN, parallel_queue};
 use crate::routing::Node;
 use crate::store::Store;
 use crate::store::counters::{self, Counts, KindCounts};
-use crate::task::Status;
+use crate::task::{Status, Task};
 
 /// Every family, in a fixed order.
 pub fn metrics(ctx: &Ctx<'_>) -> Result<Vec<Family>, OpError> {
@@ -271,17 +271,34 @@ fn scan(store: &Store, node: Option<&Node>) -> Scan {
             placed.insert(id, q.clone());
         }
     }
+    let live: HashMap<u64, Task> = store
+        .live_tasks()
+        .into_iter()
+        .flatten()
+        .map(|t| (t.id, t))
+        .collect();
+    // A group parent stays `queued` while its children run: once its group
+    // has started, it does not wait.
+    let group_started = |t: &Task| {
+        !t.children.is_empty()
+            && crate::ttl::group_started(
+                t.children
+                    .iter()
+                    .map(|c| live.get(c).map(|t| (t, placed.contains_key(c)))),
+            )
+    };
     let mut s = Scan::default();
-    for t in store.live_tasks().into_iter().flatten() {
+    for t in live.values() {
         let Some(queue) = placed.get(&t.id) else {
             s.waiting_for_parent += 1;
             continue;
         };
         match t.status {
             Status::Running => s.running += 1,
-            Status::Queued if node.is_some_and(|n| n.accepts(&t).is_err()) => {
+            Status::Queued if node.is_some_and(|n| n.accepts(t).is_err()) => {
                 *s.elsewhere.entry(queue.clone()).or_default() += 1;
             }
+            Status::Queued if group_started(t) => {}
             Status::Queued => {
                 let e = s.oldest.entry(queue.clone()).or_insert(t.queued_at);
                 *e = (*e).min(t.queued_at);

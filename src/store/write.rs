@@ -404,12 +404,17 @@ impl<'s> WriteTxn<'s> {
         queue: &str,
         placement: Placement,
     ) -> Result<Placement, WriteError> {
+        // A group parent stays `queued` while its children run: once its
+        // group has started, it holds its place as a running task does.
         let running = |txn: &mut Self, id: u64| -> Result<bool, WriteError> {
-            Ok(txn
-                .slot(id)?
-                .task
-                .as_ref()
-                .is_some_and(|t| t.status == Status::Running))
+            let (status, children) = match txn.slot(id)?.task.as_ref() {
+                Some(t) => (t.status, t.children.clone()),
+                None => return Ok(false),
+            };
+            Ok(status == Status::Running
+                || (status == Status::Queued
+                    && !children.is_empty()
+                    && txn.group_started(&children)?))
         };
         match placement {
             Placement::First => {
@@ -436,6 +441,25 @@ impl<'s> WriteTxn<'s> {
             }
             p => Ok(p),
         }
+    }
+
+    /// Whether the group of these children has started (see
+    /// `ttl::group_started`): one of them was placed in a queue, has
+    /// started or has finished. Reads the children up to the first such.
+    pub fn group_started(&mut self, children: &[u64]) -> Result<bool, WriteError> {
+        for &c in children {
+            let started = match self.peek(c)? {
+                Some(t) if self.is_live(c)? => {
+                    let placed = self.queue_of(c).is_some();
+                    crate::ttl::group_started([Some((&t, placed))])
+                }
+                _ => true,
+            };
+            if started {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// Gives `id` a position in `queue` (its record, written by the event
