@@ -411,6 +411,59 @@ fn a_batch_with_one_bad_entry_writes_nothing_and_names_it() {
     assert_eq!(s.queue_ids("main"), ids);
 }
 
+/// A group child running at a crash counts on its parent in recovery's own
+/// commit, whoever opens the dir next: a command with no engine at all
+/// (here a bare open) leaves the parent with the failure and its error
+/// line, as a daemon would.
+#[test]
+fn a_child_running_at_a_crash_counts_on_its_parent_at_any_open() {
+    let dir = tempdir();
+    let clock = FakeClock::new(T0);
+    let (parent, children);
+    {
+        let s = open(dir.path(), &clock);
+        let specs = ["echo", "mcplay", "upmeter"]
+            .iter()
+            .map(|n| berth::task::TaskSpec {
+                weight: Some(1),
+                ..spec("main", n)
+            })
+            .collect();
+        parent = submit::enqueue_batch(&s, specs).unwrap()[0];
+        children = s.task(parent).unwrap().unwrap().children;
+        let mut w = s.write();
+        for (i, &c) in children.iter().enumerate() {
+            w.place(c, &format!("parallel_queue_{i}"), Placement::Last)
+                .unwrap();
+        }
+        w.start(children[0]).unwrap();
+        w.start(children[1]).unwrap();
+        w.commit().unwrap();
+        // Dropping the store with two children running is what a crash
+        // leaves on disk.
+    }
+    let s = open(dir.path(), &clock);
+    assert_eq!(s.recovered(), &children[..2]);
+    let p = s.task(parent).unwrap().unwrap();
+    assert_eq!(p.status, Status::Queued);
+    assert_eq!(
+        p.failures, 2,
+        "both interrupted attempts count on the parent"
+    );
+    let errors = p.last_failure.clone().unwrap_or_default();
+    assert!(
+        errors.contains(&format!("- echo: {INTERRUPTED}"))
+            && errors.contains(&format!("- mcplay: {INTERRUPTED}"))
+            && !errors.contains("upmeter"),
+        "{errors}"
+    );
+    assert_log_agrees(&s);
+    drop(s);
+    // Counted once: a second open finds nothing to recover or count.
+    let s = open(dir.path(), &clock);
+    assert_eq!(s.task(parent).unwrap().unwrap().failures, 2);
+}
+
 #[test]
 fn a_task_running_at_a_crash_goes_back_to_the_head_with_a_failure() {
     let dir = tempdir();

@@ -142,20 +142,6 @@ impl Scheduler {
         Ok(())
     }
 
-    /// After a restart: children that recovery marked as interrupted count as
-    /// failed attempts on their parents, as any other child failure does.
-    pub fn note_recovered(&mut self, w: &mut WriteTxn<'_>, ids: &[u64]) -> Result<(), WriteError> {
-        for id in ids {
-            if !w.exists(*id) {
-                continue;
-            }
-            if let Some(p) = w.task(*id)?.parent {
-                self.parent_due(p, true);
-            }
-        }
-        self.settle_parents(w)
-    }
-
     /// Notes that a child of `parent` changed (`failed`: by a failed
     /// attempt); the parent is brought up to date by `settle_parents`.
     pub(super) fn parent_due(&mut self, parent: u64, failed: bool) {

@@ -146,8 +146,6 @@ pub struct Engine {
     commits: Arc<crate::store::durability::GroupCommit>,
     stop: Arc<AtomicBool>,
     sched: Mutex<Scheduler>,
-    /// Recovered (interrupted) tasks were reported to their group parents.
-    recovery_noted: AtomicBool,
     /// The latest queue activities, published by the loop for `queue list`.
     view: Mutex<View>,
     /// The attempts running now (the scheduler's registry).
@@ -262,7 +260,6 @@ impl Engine {
             rx,
             stop: Arc::new(AtomicBool::new(false)),
             sched: Mutex::new(sched),
-            recovery_noted: AtomicBool::new(false),
             view: Mutex::new(View {
                 live: Live {
                     started_ms,
@@ -579,11 +576,6 @@ impl Engine {
         let mut grace_end: Option<Instant> = None;
         let mut stop_wait_end: Option<Instant> = None;
         let mut stuck = 0;
-        if !self.recovery_noted.swap(true, Ordering::SeqCst) {
-            let mut w = self.store.write();
-            sched.note_recovered(&mut w, self.store.recovered())?;
-            w.commit()?;
-        }
         let ttls = self.store.track_deadlines();
         if ttls > 0 {
             log::info!("{ttls} queued task(s) have a TTL; they expire unless started by then");

@@ -30,6 +30,7 @@
 //! After sled is open, any sled error marks the store failed (see `health`),
 //! so that dropping the half-opened tree never waits on sled.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -1229,7 +1230,11 @@ impl Store {
     /// Step 7's second half: puts tasks that were running when the process died back to
     /// waiting: one `failed` event each with [`INTERRUPTED`] and no delay,
     /// after an `attempt-logged` event whose outcome is `interrupted`, in one
-    /// ordinary commit. They keep their place at the head.
+    /// ordinary commit. They keep their place at the head. A group child's
+    /// interrupted attempt counts on its parent as any failed attempt of a
+    /// child does (`failures`, its `Errors:` line), in the same commit:
+    /// whoever opens the dir next, a daemon or a command, and whenever it
+    /// is killed, the parent never misses it.
     fn recover(&mut self, live: LiveScan) -> Result<(), WriteError> {
         let LiveScan {
             interrupted,
@@ -1243,9 +1248,23 @@ impl Store {
         }
         let mut txn = self.write();
         let now = txn.now();
+        let mut parents: BTreeMap<u64, u32> = BTreeMap::new();
         for &(id, attempt, started_at) in &interrupted {
             txn.log_attempt(id, AttemptLog::interrupted(attempt, started_at, now))?;
             txn.fail(id, INTERRUPTED.to_string(), None)?;
+            if let Some(p) = txn.task(id)?.parent {
+                *parents.entry(p).or_default() += 1;
+            }
+        }
+        for (parent, failures) in parents {
+            // A parent that is gone or unreadable has nothing to update
+            // (the corrupt record is reported with the others).
+            let g = match txn.group_progress(parent, failures) {
+                Ok(g) => g,
+                Err(WriteError::NoSuchTask(_) | WriteError::Corrupt(_)) => continue,
+                Err(e) => return Err(e),
+            };
+            txn.update_group(parent, g.name, g.failures, g.message)?;
         }
         txn.commit()?;
         let interrupted: Vec<u64> = interrupted.into_iter().map(|(id, _, _)| id).collect();
