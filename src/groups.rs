@@ -196,7 +196,7 @@ pub struct GroupProgress {
 ///   cancelled child's line says `cancelled`), else `succeeded` with the
 ///   whole group's name and no errors. (A child is cancelled only with its
 ///   group, whose parent is then cancelled too; a crash in the middle of
-///   that can leave the group to end by these rules.)
+///   that is ended by the next open, `store/open.rs` `recover`.)
 pub fn progress(parent: &Task, children: &[Child], child_failed: bool) -> GroupProgress {
     let view = GroupView::new(
         children

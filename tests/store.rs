@@ -464,6 +464,66 @@ fn a_child_running_at_a_crash_counts_on_its_parent_at_any_open() {
     assert_eq!(s.task(parent).unwrap().unwrap().failures, 2);
 }
 
+/// A group cancel waits for its running children: their siblings that did
+/// not run end at once, the rest when their handlers return. A crash in
+/// between leaves a live group with a cancelled child, which only a cancel
+/// makes: the next open ends that cancel, as it would have ended (before,
+/// the running children ran again and the group ended a dead letter).
+#[test]
+fn a_group_cancel_under_way_at_a_crash_ends_at_the_next_open() {
+    let dir = tempdir();
+    let clock = FakeClock::new(T0);
+    let (parent, children);
+    {
+        let s = open(dir.path(), &clock);
+        let specs = ["r1", "r2", "r3"]
+            .iter()
+            .map(|n| berth::task::TaskSpec {
+                weight: Some(1),
+                ..spec("main", n)
+            })
+            .collect();
+        parent = submit::enqueue_batch(&s, specs).unwrap()[0];
+        children = s.task(parent).unwrap().unwrap().children;
+        let mut w = s.write();
+        for (i, &c) in children.iter().enumerate() {
+            w.place(c, &format!("parallel_queue_{i}"), Placement::Last)
+                .unwrap();
+        }
+        w.start(children[0]).unwrap();
+        w.start(children[1]).unwrap();
+        w.commit().unwrap();
+        let (r1, r2) = (children[0], children[1]);
+        let mut w = s.write();
+        let c = w.cancel(parent, &|x| x == r1 || x == r2).unwrap();
+        assert_eq!(c.running, [r1, r2]);
+        w.commit().unwrap();
+        assert_eq!(
+            s.task(children[2]).unwrap().unwrap().status,
+            Status::Cancelled
+        );
+        // The handlers of r1 and r2 never return: the process dies.
+    }
+    let s = open(dir.path(), &clock);
+    for &id in children.iter().chain([&parent]) {
+        let t = s.task(id).unwrap().unwrap();
+        assert_eq!(t.status, Status::Cancelled, "task {id} {}", t.name);
+        assert_eq!(s.queue_of(id), None, "task {id} left its queue");
+    }
+    let outcomes: Vec<_> = s
+        .attempts(children[0])
+        .unwrap()
+        .iter()
+        .map(|l| l.outcome.clone())
+        .collect();
+    assert_eq!(outcomes, [AttemptOutcome::Interrupted]);
+    assert_eq!(s.queued_total(), 0);
+    assert_log_agrees(&s);
+    drop(s);
+    let s = open(dir.path(), &clock);
+    assert_eq!(s.task(parent).unwrap().unwrap().status, Status::Cancelled);
+}
+
 #[test]
 fn a_task_running_at_a_crash_goes_back_to_the_head_with_a_failure() {
     let dir = tempdir();

@@ -55,6 +55,7 @@ use crate::store::panics;
 use crate::store::records;
 use crate::store::stored;
 use crate::store::wal::{self, Wal};
+use crate::store::write::WriteTxn;
 use crate::task::Status;
 
 /// How often a daemon waiting for commands says so in the log.
@@ -1256,6 +1257,7 @@ impl Store {
                 *parents.entry(p).or_default() += 1;
             }
         }
+        let mut cancelled = Vec::new();
         for (parent, failures) in parents {
             // A parent that is gone or unreadable has nothing to update
             // (the corrupt record is reported with the others).
@@ -1265,8 +1267,20 @@ impl Store {
                 Err(e) => return Err(e),
             };
             txn.update_group(parent, g.name, g.failures, g.message)?;
+            if cancel_under_way(&mut txn, parent)? {
+                // The cancel waited for these children's handlers to stop
+                // when the process died: it ends now, as it would have.
+                txn.cancel(parent, &|_| false)?;
+                cancelled.push(parent);
+            }
         }
         txn.commit()?;
+        if !cancelled.is_empty() {
+            log::info!(
+                "{}: the cancel of group(s) {cancelled:?} was under way; they ended cancelled",
+                self.dir().display()
+            );
+        }
         let interrupted: Vec<u64> = interrupted.into_iter().map(|(id, _, _)| id).collect();
         log::info!(
             "{}: {} interrupted task(s) put back to wait: {:?}",
@@ -1277,4 +1291,19 @@ impl Store {
         self.recovered = interrupted;
         Ok(())
     }
+}
+
+/// Whether a cancel of group `parent` was under way when the process died:
+/// a child is cancelled only with its group (`WriteTxn::cancel` refuses a
+/// child alone), and a group whose children do not run ends in the same
+/// commit as they do, so a live group with a cancelled child is one whose
+/// cancel waited for its running children.
+fn cancel_under_way(txn: &mut WriteTxn<'_>, parent: u64) -> Result<bool, WriteError> {
+    let children = txn.task(parent)?.children.clone();
+    for &c in children.iter() {
+        if txn.peek(c)?.is_some_and(|t| t.status == Status::Cancelled) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
