@@ -1,7 +1,8 @@
-//! Retry delays, exactly addon-operator's by default: the first retry waits
-//! `initial`; after n >= 1 earlier failures a retry waits
-//! `initial + 2^(n-1) s + random [0, 1 s)`, truncated to 100 ms and capped
-//! at `max`: 5, 6.x, 7.x, 9.x, 13.x, 21.x, 32, 32 ... s.
+//! Retry delays, exactly addon-operator's by default: after the first
+//! failure a retry waits `initial`; after n >= 2 failures it waits
+//! `initial + 2^(n-2) s + random [0, 1 s)`, the part added to `initial`
+//! truncated to 100 ms (`initial` is kept as given), all capped at `max`:
+//! 5, 6.x, 7.x, 9.x, 13.x, 21.x, 32, 32 ... s.
 
 use std::time::Duration;
 
@@ -33,13 +34,12 @@ impl Backoff {
             initial
         } else {
             let exp = (failures - 2).min(40);
-            let grow = 1000u64.saturating_mul(1u64 << exp);
-            initial
-                .saturating_add(grow)
-                .saturating_add(jitter_ms.min(999))
+            let grow = 1000u64
+                .saturating_mul(1u64 << exp)
+                .saturating_add(jitter_ms.min(999));
+            initial.saturating_add(grow - grow % 100)
         };
-        let truncated = ms - ms % 100;
-        Duration::from_millis(truncated.min(self.max.as_millis() as u64))
+        Duration::from_millis(ms.min(self.max.as_millis() as u64))
     }
 
     /// The delay with fresh randomness.
@@ -70,6 +70,23 @@ mod tests {
         assert_eq!(high, vec![5.0, 6.9, 7.9, 9.9, 13.9, 21.9, 32.0, 32.0]);
         // The jitter is truncated to 100 ms.
         assert_eq!(b.delay(6, 457), Duration::from_millis(21_400));
+    }
+
+    #[test]
+    fn initial_is_kept_as_given_and_only_the_growth_is_truncated() {
+        let b = Backoff {
+            initial: Duration::from_millis(1_990),
+            ..Backoff::default()
+        };
+        assert_eq!(b.delay(1, 999), Duration::from_millis(1_990));
+        assert_eq!(b.delay(2, 457), Duration::from_millis(1_990 + 1_400));
+        assert_eq!(b.delay(3, 0), Duration::from_millis(1_990 + 2_000));
+        let quick = Backoff {
+            initial: Duration::from_millis(90),
+            ..Backoff::default()
+        };
+        assert_eq!(quick.delay(1, 0), Duration::from_millis(90), "not 0");
+        assert_eq!(quick.delay(2, 999), Duration::from_millis(1_990));
     }
 
     #[test]
