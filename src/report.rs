@@ -553,6 +553,12 @@ pub struct TaskRow {
     /// is not known (no daemon ever ran on the data dir).
     #[serde(default)]
     pub waiting_for: Option<String>,
+    /// For a finished task that ran: how long its last attempt took, from
+    /// its start by the engine to its end (ms). A task cancelled while it
+    /// waited (for its retry, say) finished after that attempt had ended:
+    /// its end is then the attempt's log's (`ops::list`).
+    #[serde(default)]
+    pub took_ms: Option<u64>,
 }
 
 impl TaskRow {
@@ -584,6 +590,10 @@ impl TaskRow {
             tags: t.tags.clone(),
             target: t.target.clone(),
             waiting_for: None,
+            took_ms: match (place, t.started_at, t.finished_at) {
+                (Place::History, Some(s), Some(f)) => Some(f.saturating_sub(s)),
+                _ => None,
+            },
         }
     }
 
@@ -646,11 +656,11 @@ fn task_cells(r: &TaskRow, now_ms: u64) -> [String; 9] {
         r.status.clone()
     };
     let age = |ms| format_age(ms, now_ms);
-    let when = match (r.place, r.started_at, r.finished_at) {
-        (Place::History, Some(s), Some(f)) => format!(
+    let when = match (r.place, r.took_ms, r.finished_at) {
+        (Place::History, Some(took), Some(f)) => format!(
             "{} ago, took {}",
             age(f),
-            crate::units::format_duration(std::time::Duration::from_millis(f.saturating_sub(s)))
+            crate::units::format_duration(std::time::Duration::from_millis(took))
         ),
         (Place::History, _, Some(f)) => format!("{} ago", age(f)),
         (_, Some(s), _) if r.status == "running" => format!("running {}", age(s)),

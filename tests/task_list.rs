@@ -227,3 +227,44 @@ fn filters_with_names_no_task_can_have_are_refused() {
     );
     assert_eq!(stdout(&o), "");
 }
+
+/// A task cancelled while it waits for its retry finished long after its
+/// last attempt ended: `took` is that attempt's (from its log), not the
+/// time from its start to the cancel.
+#[test]
+fn a_task_cancelled_in_its_backoff_shows_how_long_its_last_attempt_took() {
+    use berth::clock::FakeClock;
+    use berth::ops::{Ctx, TaskFilter, task_list};
+    use berth::store::Placement;
+    use berth::store::attempts::{AttemptLog, AttemptOutcome};
+
+    let dir = tempdir();
+    let clock = FakeClock::new(common::T0);
+    let store = common::open(dir.path(), &clock);
+    let id =
+        berth::submit::enqueue_one(&store, common::spec("main", "flaky"), Placement::Last).unwrap();
+    let mut w = store.write();
+    w.start(id).unwrap();
+    w.commit().unwrap();
+    clock.advance_ms(20);
+    let mut w = store.write();
+    let log = AttemptLog {
+        outcome: AttemptOutcome::Failed {
+            message: "boom".into(),
+        },
+        ..AttemptLog::interrupted(1, Some(common::T0), common::T0 + 20)
+    };
+    w.log_attempt(id, log).unwrap();
+    w.fail(id, "boom".into(), Some(30_000)).unwrap();
+    w.commit().unwrap();
+    clock.advance_ms(5_000);
+    let mut w = store.write();
+    w.cancel(id, &|_| false).unwrap();
+    w.commit().unwrap();
+    let rows = task_list(&Ctx::direct(Some(&store), None), &TaskFilter::default()).unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].status, "cancelled");
+    assert_eq!(rows[0].took_ms, Some(20));
+    let table = berth::report::render_task_table(&rows, common::T0 + 5_020, None);
+    assert!(table.contains("0s ago, took 20ms"), "{table}");
+}

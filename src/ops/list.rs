@@ -173,7 +173,22 @@ pub fn task_list(ctx: &Ctx<'_>, filter: &TaskFilter) -> Result<Vec<TaskRow>, OpE
         rows.push(row);
     }
     for t in store.history() {
-        rows.push(row_of(&t.map_err(corrupt)?, Place::History, None, None));
+        let t = t.map_err(corrupt)?;
+        let mut row = row_of(&t, Place::History, None, None);
+        if t.status == Status::Cancelled
+            && let Some(started) = t.started_at
+        {
+            // Cancelled while it waited, its last attempt had ended before:
+            // that attempt's log says when (an unreadable log: not known).
+            row.took_ms = match store.attempts(t.id) {
+                Ok(logs) => logs
+                    .last()
+                    .map(|l| l.ended_at.min(t.finished_at.unwrap_or(u64::MAX)))
+                    .map(|end| end.saturating_sub(started)),
+                Err(_) => None,
+            };
+        }
+        rows.push(row);
     }
     rows.retain(|r| filter.selects(r));
     Ok(rows)
