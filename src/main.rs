@@ -20,10 +20,11 @@ fn main() {
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let matches = cli::args::parse(&argv).unwrap_or_else(|e| explain_and_exit(e, &argv));
     // `berth run` takes its data dir from the config unless one is given here.
-    let data_dir_given = matches!(
-        matches.value_source("data_dir"),
-        Some(ValueSource::CommandLine | ValueSource::EnvVariable)
-    );
+    let data_dir_from = match matches.value_source("data_dir") {
+        Some(ValueSource::CommandLine) => Some("--data-dir"),
+        Some(ValueSource::EnvVariable) => Some("BERTH_DATA_DIR"),
+        _ => None,
+    };
     let args = match cli::args::Cli::from_arg_matches(&matches) {
         Ok(a) => a,
         Err(e) => explain_and_exit(e, &argv),
@@ -31,7 +32,7 @@ fn main() {
     let dir = args.data_dir.clone();
     // sled panics on some damaged pages when it reads them: that is a
     // damaged data dir, said as such; any other panic is a bug of berth's.
-    let result = berth::store::catch_panic(|| cli::commands::run(args, data_dir_given))
+    let result = berth::store::catch_panic(|| cli::commands::run(args, data_dir_from))
         .unwrap_or_else(|panic| Err(cli::panic_error(&dir, panic)));
     let code = match result {
         Ok(()) => cli::EXIT_OK,

@@ -299,7 +299,10 @@ fn reading_never_writes_and_a_folder_that_is_not_a_data_dir_is_refused() {
 fn check_refuses_a_data_dir_that_run_would_refuse() {
     // `berth check` answers for the data dir `berth run` would use: a file,
     // or a folder with other things in it, is bad input (exit 2) naming
-    // where that data dir comes from; `run` refuses it as well.
+    // where that data dir comes from; `run` refuses it as well, as a config
+    // error (exit 2: a supervisor does not restart it into it again). A
+    // data dir whose database was lost is a damaged data dir for both
+    // (exit 1).
     let root = tempdir();
     let cfg = root.path().join("berth.toml");
     std::fs::write(root.path().join("afile"), b"mine").expect("file");
@@ -332,9 +335,32 @@ fn check_refuses_a_data_dir_that_run_would_refuse() {
         &format!("data_dir = \"afile\"\n{handler}"),
         &["run", "--until-idle"],
     );
-    common::assert_refused(&o, 1, file_says);
+    common::assert_refused(&o, 2, "berth.toml:1: key data_dir: ");
+    common::assert_refused(&o, 2, file_says);
     let o = run(handler, &["--data-dir", "other", "check"]);
     common::assert_refused(&o, 2, "berth: --data-dir: other is not a berth data dir");
+    let o = run(handler, &["--data-dir", "other", "run", "--until-idle"]);
+    common::assert_refused(&o, 2, "berth: --data-dir: other is not a berth data dir");
+    // From the environment, the variable is named.
+    std::fs::write(&cfg, handler).expect("config");
+    for cmd in ["check", "run"] {
+        let o = Command::new(common::berth_bin())
+            .current_dir(root.path())
+            .env("BERTH_DATA_DIR", "afile")
+            .args(["--config", "berth.toml", cmd])
+            .output()
+            .expect("berth");
+        common::assert_refused(&o, 2, &format!("berth: BERTH_DATA_DIR: {file_says}"));
+    }
+    assert_eq!(
+        std::fs::read(root.path().join("afile")).expect("read"),
+        b"mine"
+    );
+    assert_eq!(
+        std::fs::read_dir(&other).expect("ls").count(),
+        1,
+        "nothing made in the other folder"
+    );
     let o = run(&format!("data_dir = \"a\\u0000b\"\n{handler}"), &["check"]);
     common::assert_refused(
         &o,
@@ -351,6 +377,15 @@ fn check_refuses_a_data_dir_that_run_would_refuse() {
     );
     let o = run(&format!("data_dir = \"data\"\n{handler}"), &["check"]);
     assert!(o.status.success(), "{}", stderr(&o));
+    // Its database lost: both say so, with exit 1, and change nothing.
+    std::fs::remove_file(root.path().join("data/db/conf")).expect("rm conf");
+    let before = common::file_hashes(&root.path().join("data"));
+    for cmd in ["check", "run"] {
+        let o = run(&format!("data_dir = \"data\"\n{handler}"), &[cmd]);
+        common::assert_refused(&o, 1, "held a berth store, but ");
+        common::assert_refused(&o, 1, "db/conf is missing: its data was lost");
+    }
+    assert_eq!(common::file_hashes(&root.path().join("data")), before);
 }
 
 #[test]

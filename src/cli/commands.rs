@@ -19,9 +19,9 @@ use super::args::{
 use super::session::Session;
 use super::{CliError, now_ms, out, read_file, terminal_width};
 
-pub fn run(cli: Cli, data_dir_given: bool) -> Result<(), CliError> {
+pub fn run(cli: Cli, data_dir_from: Option<&'static str>) -> Result<(), CliError> {
     super::check_now_env()?;
-    let s = Session::from_args(&cli, data_dir_given)?;
+    let s = Session::from_args(&cli, data_dir_from)?;
     let s = &s;
     match cli.command {
         Command::Run(a) => super::daemon::run(a, s),
@@ -313,17 +313,9 @@ fn check(s: &Session) -> Result<(), CliError> {
         .clone()
         .ok_or_else(|| CliError::input("berth check needs --config FILE (or BERTH_CONFIG)"))?;
     // As `berth run` would: `--data-dir` or `BERTH_DATA_DIR` wins.
-    let place = match c.data_dir_line {
-        _ if c.data_dir != s.dir => "--data-dir".to_string(),
-        Some(line) => format!("{}:{line}: key data_dir", c.path.display()),
-        None => format!("{}: data_dir (by default)", c.path.display()),
-    };
     c.data_dir = s.dir.clone();
     super::daemon::check_backup_folder(&c)?;
-    // What `berth run` would refuse to make a data dir of: a file, or a
-    // folder that holds other things.
-    berth::store::may_become_data_dir(&c.data_dir)
-        .map_err(|e| CliError::input(format!("{place}: {e}")))?;
+    super::daemon::check_data_dir(s, &c)?;
     let kinds: Vec<&str> = c.handlers.keys().map(String::as_str).collect();
     out(&format!(
         "ok: {}: data dir {}, node {}, {} parallel queues, {} handler(s): {}\n",

@@ -35,6 +35,7 @@ pub fn run(a: RunArgs, s: &Session) -> Result<(), CliError> {
         .ok_or_else(|| CliError::input("berth run needs --config FILE (or BERTH_CONFIG)"))?;
     config.data_dir = s.dir.clone();
     check_backup_folder(&config)?;
+    check_data_dir(s, &config)?;
     // Check the batch (every entry, as `enqueue --batch` does) before
     // touching the data dir.
     let kinds: Vec<String> = config.handlers.keys().cloned().collect();
@@ -118,6 +119,24 @@ fn enqueue_at_start(engine: &Engine, f: &Path, specs: Vec<TaskSpec>) -> Result<(
         n as u64 - m.min(n as u64),
         ids.len()
     );
+    Ok(())
+}
+
+/// What `berth run` (and `berth check`) refuse in the data dir `config`
+/// names before touching anything: a path that is a file, or a folder that
+/// holds other things, is a config error (exit 2, so that a supervisor
+/// does not restart the daemon into it again), blamed on where the path
+/// came from; a data dir whose database was lost is a damaged data dir
+/// (exit 1), as opening it would say.
+pub(super) fn check_data_dir(s: &Session, config: &Config) -> Result<(), CliError> {
+    let place = match (s.dir_from, config.data_dir_line) {
+        (Some(from), _) => from.to_string(),
+        (None, Some(line)) => format!("{}:{line}: key data_dir", config.path.display()),
+        (None, None) => format!("{}: data_dir (by default)", config.path.display()),
+    };
+    berth::store::may_become_data_dir(&config.data_dir)
+        .map_err(|e| CliError::input(format!("{place}: {e}")))?;
+    berth::store::check_not_lost(&config.data_dir)?;
     Ok(())
 }
 

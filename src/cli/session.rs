@@ -82,13 +82,18 @@ pub struct Session {
     pub disk_reserve: u64,
     /// The loaded `--config`, if one was given.
     pub config: Option<Config>,
+    /// The option or variable that gave `dir` (`--data-dir`,
+    /// `BERTH_DATA_DIR`), if one did.
+    pub dir_from: Option<&'static str>,
 }
 
 impl Session {
     /// `--data-dir` (or `BERTH_DATA_DIR`) when given, else the config's
     /// `data_dir`, else `./berth-data`; the budget, the disk reserve and
     /// `write_ahead_log` from the config, or their defaults.
-    pub fn from_args(cli: &Cli, data_dir_given: bool) -> Result<Session, CliError> {
+    /// `data_dir_from` names the option or variable that gave the data dir,
+    /// if one did.
+    pub fn from_args(cli: &Cli, data_dir_from: Option<&'static str>) -> Result<Session, CliError> {
         // `run` and `check` check what the config names on this machine;
         // the other commands take only its values (see
         // `Config::load_for_commands`).
@@ -100,12 +105,13 @@ impl Session {
             Some(path) => Some(load(path).map_err(|e| CliError::input(e.to_string()))?),
             None => None,
         };
-        let dir = match (&config, data_dir_given) {
-            (Some(c), false) => c.data_dir.clone(),
+        let dir = match (&config, data_dir_from) {
+            (Some(c), None) => c.data_dir.clone(),
             _ => cli.data_dir.clone(),
         };
         Ok(Session {
             dir,
+            dir_from: data_dir_from,
             timeout: cli.timeout,
             budget: config.as_ref().map_or_else(Budget::default, |c| c.budget),
             disk_reserve: config

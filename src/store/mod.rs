@@ -40,7 +40,7 @@ pub use health::{
     DEFAULT_RESERVE as DEFAULT_DISK_RESERVE, SpaceError, free_bytes, space_may_refuse,
 };
 pub use lock::Role;
-pub use open::may_become_data_dir;
+pub use open::{check_not_lost, may_become_data_dir};
 pub use order::Placement;
 pub use panics::catch as catch_panic;
 pub use snapshot::{LogCut, LogRecord, Snapshot};

@@ -71,6 +71,18 @@ pub fn may_become_data_dir(dir: &Path) -> Result<(), OpenError> {
     check_kind(dir, true)
 }
 
+/// Refuses a data dir whose marker says it held a store that is no longer
+/// there (see `files::check_not_lost`), as opening it would.
+pub fn check_not_lost(dir: &Path) -> Result<(), OpenError> {
+    match files::check_not_lost(dir) {
+        Err(files::Damage::Lost(what)) => Err(OpenError::Lost {
+            dir: dir.to_path_buf(),
+            what,
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// `dir` is a folder (or not there), and a berth data dir, or (when
 /// `may_create`) a folder that may become one.
 fn check_kind(dir: &Path, may_create: bool) -> Result<(), OpenError> {
