@@ -82,6 +82,49 @@ fn watch_goes_on_while_a_daemon_starts_and_stops() {
     watch.wait().expect("wait");
 }
 
+/// `queue list --watch -o json` writes one JSON document per line, an
+/// error too: a data dir that is not there yet is `{"error": ...}`, and
+/// once it is, the frames list its queues.
+#[test]
+fn a_json_watch_writes_its_errors_as_json() {
+    let root = tempdir();
+    let dir = root.path().join("data");
+    let mut watch = Command::new(common::berth_bin())
+        .arg("--data-dir")
+        .arg(&dir)
+        .args([
+            "queue",
+            "list",
+            "-o",
+            "json",
+            "--watch",
+            "--interval",
+            "50ms",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("watch");
+    let (tx, frames) = mpsc::channel();
+    let out = watch.stdout.take().expect("stdout");
+    std::thread::spawn(move || common::forward_lines(out, tx));
+    let next = || -> serde_json::Value {
+        let line = frames
+            .recv_timeout(Duration::from_secs(20))
+            .expect("a frame");
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}"))
+    };
+    let first = next();
+    let error = first["error"].as_str().unwrap_or_default();
+    assert!(error.contains("does not exist"), "{first}");
+    common::enqueue_id(&dir, &["--queue", "main", "--kind", "K", "--name", "a"]);
+    wait_for("a frame with the queue", || {
+        next()["summary"]["mainQueueTasks"] == 1
+    });
+    watch.kill().expect("kill");
+    watch.wait().expect("wait");
+}
+
 /// `queue list --watch | head -1`: once the pipe's reader has gone, the
 /// watch ends (exit 0) instead of redrawing into it for ever.
 #[test]

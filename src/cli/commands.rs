@@ -225,7 +225,12 @@ fn watch_queues(
     use std::io::IsTerminal;
     let tty = std::io::stdout().is_terminal();
     loop {
-        let frame = queue_list(s, output, shown).unwrap_or_else(|e| format!("berth: {e}\n"));
+        // With `-o json` an error is a JSON document too (`{"error": ...}`),
+        // so that a reader of one document per line can read every line.
+        let frame = queue_list(s, output, shown).unwrap_or_else(|e| match output {
+            Format::Text => format!("berth: {e}\n"),
+            Format::Json => format!("{}\n", serde_json::json!({ "error": e.to_string() })),
+        });
         let text = match (tty, output) {
             (true, _) => format!("\x1b[H\x1b[2J{frame}"),
             (false, Format::Text) => format!("# {}\n{frame}\n", units::format_time(now_ms())),
