@@ -169,6 +169,67 @@ fn failed_heads_retry_with_addon_operators_backoff() {
     assert_log_agrees(&s.store);
 }
 
+/// A failed head's backoff is that head's: a task put ahead of it
+/// (`enqueue --first`) runs at once, and the failed task retries when its
+/// own time comes, as the head again.
+#[test]
+fn a_task_put_ahead_of_a_head_in_backoff_does_not_wait_for_it() {
+    let s = setup(FakeClock::new(T0));
+    let runs: Runs = Default::default();
+    let mut h = Handlers::new();
+    h.register(
+        "ModuleRun",
+        recording(&s.clock, &runs, |ctx| {
+            if ctx.task.name == "flaky" && ctx.attempt == 1 {
+                Outcome::fail("boom")
+            } else {
+                Outcome::success()
+            }
+        }),
+    );
+    let e = engine(&s, h, EngineConfig::default());
+    let flaky = e.enqueue(spec("main", "flaky"), Placement::Last).unwrap();
+    let stop = e.stop_handle();
+    std::thread::scope(|sc| {
+        let runner = sc.spawn(|| e.run());
+        let _release = Release(Gate::default(), stop.clone());
+        wait_for("the first failure", || {
+            s.store.task(flaky).unwrap().unwrap().failures == 1
+        });
+        let urgent = e.enqueue(spec("main", "urgent"), Placement::First).unwrap();
+        wait_for("the task put ahead, within the backoff", || {
+            s.store.task(urgent).unwrap().unwrap().status == Status::Succeeded
+        });
+        assert_eq!(s.clock.now_ms(), T0, "no time passed");
+        let f = s.store.task(flaky).unwrap().unwrap();
+        assert_eq!(
+            (f.attempts, f.status),
+            (1, Status::Queued),
+            "it waits for its retry"
+        );
+        s.clock.advance_ms(5_000);
+        wait_for("the retry", || {
+            s.store.task(flaky).unwrap().unwrap().status == Status::Succeeded
+        });
+        stop.stop();
+        runner.join().unwrap().unwrap();
+    });
+    let order: Vec<_> = runs
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| (r.0.clone(), r.2))
+        .collect();
+    assert_eq!(
+        order,
+        [
+            ("flaky".to_string(), T0),
+            ("urgent".to_string(), T0),
+            ("flaky".to_string(), T0 + 5_000)
+        ]
+    );
+}
+
 #[test]
 fn repeat_and_keep_run_again_without_counting_failures() {
     let s = setup(FakeClock::auto_advancing(T0));

@@ -84,7 +84,7 @@ impl Scheduler {
                 w.to_history(task.id, Status::Succeeded)?;
                 self.tally.succeeded += 1;
                 if let Some(d) = delay_ms {
-                    self.sleep(&task.queue, now, d, false);
+                    self.sleep(&task.queue, None, now, d, false);
                 }
                 if let Some(p) = task.parent {
                     self.parent_due(p, false);
@@ -97,12 +97,12 @@ impl Scheduler {
                 // after this one (at once if the attempt took that long).
                 let started = task.started_at.unwrap_or(now);
                 let ready = started.saturating_add(REPEAT_INTERVAL.as_millis() as u64);
-                self.repeat(&task.queue, now, ready);
+                self.repeat(&task.queue, task.id, now, ready);
             }
             RunResult::Keep => {
                 let d = delay_ms.unwrap_or(env.config.keep_delay.as_millis() as u64);
                 w.requeue(task.id, Some(now + d))?;
-                self.sleep(&task.queue, now, d, false);
+                self.sleep(&task.queue, Some(task.id), now, d, false);
             }
         }
         Ok(())
@@ -134,7 +134,7 @@ impl Scheduler {
         } else {
             let d = env.config.backoff.delay_random(failures).as_millis() as u64;
             w.fail(task.id, message, Some(d))?;
-            self.sleep(&task.queue, now, d, true);
+            self.sleep(&task.queue, Some(task.id), now, d, true);
         }
         if let Some(p) = task.parent {
             self.parent_due(p, true);

@@ -109,16 +109,33 @@ impl Scheduler {
                 return Ok(None);
             }
         }
-        if self.queue(name).sleep_until > now {
+        let (sleeping, owner) = {
+            let q = self.queue(name);
+            (q.sleep_until > now, q.sleep_for)
+        };
+        if sleeping && owner.is_none() {
             return Ok(None);
         }
         let Some(task) = self.head_for_this_node(w, name)? else {
             return Ok(None);
         };
+        if sleeping {
+            if owner == Some(task.id) {
+                return Ok(None);
+            }
+            // A task put ahead of the head whose sleep it was (`enqueue
+            // --first`, `--before`) does not wait for that head's backoff;
+            // the head keeps its own `retry_at` for when it is head again.
+            let q = self.queue(name);
+            q.sleep_until = 0;
+            q.sleep_for = None;
+            q.activity_after = None;
+        }
         if let Some(at) = task.retry_at.filter(|at| *at > now) {
             // Waiting for a retry (for example after a restart).
             let q = self.queue(name);
             q.sleep_until = at;
+            q.sleep_for = Some(task.id);
             if task.failures > 0 && q.activity_after.is_none() {
                 q.activity_after = Some(QueueActivity::SleepAfterFail {
                     until_ms: at,
@@ -373,10 +390,19 @@ impl Scheduler {
     }
 
     /// The queue starts nothing for `ms`: after a failed attempt (its
-    /// backoff), or a handler's delay.
-    pub(super) fn sleep(&mut self, queue: &str, now: u64, ms: u64, after_fail: bool) {
+    /// backoff), or a handler's delay. `head`: the task that stays at the
+    /// head and whose sleep it is (see `QueueState::sleep_for`).
+    pub(super) fn sleep(
+        &mut self,
+        queue: &str,
+        head: Option<u64>,
+        now: u64,
+        ms: u64,
+        after_fail: bool,
+    ) {
         let q = self.queue(queue);
         q.sleep_until = now + ms;
+        q.sleep_for = head;
         q.activity_after = Some(if after_fail {
             QueueActivity::SleepAfterFail {
                 until_ms: now + ms,
@@ -389,11 +415,12 @@ impl Scheduler {
 
     /// The head asked to repeat: the queue shows it, and starts it again no
     /// earlier than `ready`.
-    pub(super) fn repeat(&mut self, queue: &str, now: u64, ready: u64) {
+    pub(super) fn repeat(&mut self, queue: &str, head: u64, now: u64, ready: u64) {
         let q = self.queue(queue);
         q.activity_after = Some(QueueActivity::Repeat);
         if ready > now {
             q.sleep_until = ready;
+            q.sleep_for = Some(head);
         }
     }
 
@@ -404,6 +431,7 @@ impl Scheduler {
         let q = self.queue(queue);
         if q.running.is_none() {
             q.sleep_until = 0;
+            q.sleep_for = None;
             q.activity_after = None;
         }
     }

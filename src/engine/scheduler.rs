@@ -126,6 +126,10 @@ pub(super) struct QueueState {
     pub(super) running: Option<Running>,
     /// Do not start anything before this time.
     pub(super) sleep_until: u64,
+    /// The head the sleep is for (its backoff, a `keep`'s delay, a
+    /// repeat's throttle), None for the queue's own (a handler's delay
+    /// after a success): a task put ahead of that head does not wait.
+    pub(super) sleep_for: Option<u64>,
     pub(super) activity_after: Option<QueueActivity>,
 }
 
