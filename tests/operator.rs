@@ -494,3 +494,42 @@ fn without_a_daemon_a_task_left_running_by_a_crash_is_cancelled_directly() {
     );
     assert_verify(&data);
 }
+
+/// A group parent runs no attempt of its own: `task log` says so, and
+/// names the children whose logs hold its attempts (on stderr, so `-o
+/// json` stays one document); a single says only that none is recorded.
+#[test]
+fn task_log_of_a_group_parent_names_its_children() {
+    let root = tempdir();
+    let dir = root.path().join("data");
+    let batch = root.path().join("b.json");
+    std::fs::write(
+        &batch,
+        r#"[{"queue":"main","kind":"K","name":"a","weight":1},
+            {"queue":"main","kind":"K","name":"b","weight":1}]"#,
+    )
+    .expect("batch");
+    let o = common::berth(
+        &dir,
+        &["enqueue", "--batch", batch.to_str().expect("utf-8")],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let note = "berth: task 1 is a group parent: its children run the attempts (berth task \
+                log CHILD for each of 2, 3)";
+    let (code, text, err) = run(&dir, &["task", "log", "1"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(text, "task 1 has no attempt recorded (queued)\n");
+    assert!(err.contains(note), "{err}");
+    // Without a daemon, --follow prints what is recorded (nothing) and exits.
+    let (code, text, err) = run(&dir, &["task", "log", "1", "--follow"]);
+    assert_eq!((code, text.as_str()), (Some(0), ""), "{err}");
+    assert!(err.contains(note), "{err}");
+    let (code, text, err) = run(&dir, &["task", "log", "1", "-o", "json"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&text).expect("json")["attempts"],
+        serde_json::json!([])
+    );
+    let (_, _, err) = run(&dir, &["task", "log", "2"]);
+    assert!(!err.contains("group parent"), "{err}");
+}

@@ -10,6 +10,7 @@
 //! exits. With `-o json`, every record and every piece of output is one
 //! JSON line.
 
+use std::io::Write;
 use std::time::Duration;
 
 use berth::attempt_view::{self, Stream};
@@ -32,6 +33,20 @@ pub fn run(
 ) -> Result<(), CliError> {
     let v = s.run(Request::TaskLog { id, attempt })?;
     let attempts = v["attempts"].as_array().cloned().unwrap_or_default();
+    // A group parent runs no attempt of its own: say where its attempts
+    // are (on stderr, which `-o json` leaves alone).
+    if attempts.is_empty() && (follow || output == Format::Text) {
+        let children = group_children(s, id)?;
+        if !children.is_empty() {
+            // Not eprintln!, which panics when stderr cannot be written.
+            let _ = writeln!(
+                std::io::stderr(),
+                "berth: task {id} is a group parent: its children run the attempts (berth task \
+                 log CHILD for each of {})",
+                children.join(", ")
+            );
+        }
+    }
     if !follow {
         return print_recorded(id, &v, &attempts, output);
     }
@@ -47,6 +62,15 @@ pub fn run(
         f.record(a)?;
     }
     f.follow()
+}
+
+/// The ids of task `id`'s children, if it is a group parent.
+fn group_children(s: &Session, id: u64) -> Result<Vec<String>, CliError> {
+    let t = s.run(Request::TaskShow { id })?;
+    Ok(t["children"]
+        .as_array()
+        .map(|c| c.iter().map(ToString::to_string).collect())
+        .unwrap_or_default())
 }
 
 /// `task log` without `--follow`.
