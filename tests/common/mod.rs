@@ -395,3 +395,24 @@ pub fn copy_fixture_data(from: &Path, to: &Path) {
         }
     }
 }
+
+/// `task list -o json` rows as a build from before `took_ms` listed them:
+/// each row's `took_ms` is checked (a finished task that ran, and was not
+/// cancelled while it waited, took its finish minus its start, as `took`
+/// said then) and taken out.
+#[allow(dead_code)]
+pub fn rows_before_took_ms(mut rows: serde_json::Value) -> serde_json::Value {
+    for r in rows.as_array_mut().expect("rows") {
+        let m = r.as_object_mut().expect("a row");
+        let took = m.remove("took_ms").expect("every row has took_ms");
+        let (start, end) = (m["started_at"].as_u64(), m["finished_at"].as_u64());
+        match (m["place"].as_str(), start, end) {
+            (Some("history"), Some(s), Some(f)) if m["status"] != "cancelled" => {
+                assert_eq!(took, serde_json::json!(f - s), "{m:?}")
+            }
+            (Some("history"), Some(_), Some(_)) => {}
+            _ => assert_eq!(took, serde_json::Value::Null, "{m:?}"),
+        }
+    }
+    rows
+}
