@@ -25,6 +25,10 @@ fn source_error(e: SourceError) -> OpError {
 /// `{"entries": [Entry...], "next": the last event read, "last": the last
 /// event of the log, "done": whether the page reached the end}`. A data dir
 /// that does not exist has no events.
+///
+/// The timeline begins where the history kept here begins (`Source::base`:
+/// event 1, or the event after the archive's base checkpoint; anywhere
+/// else is an error), so `after` 0 asks for it from there.
 pub fn log_page(
     ctx: &Ctx<'_>,
     after: u64,
@@ -36,9 +40,13 @@ pub fn log_page(
         return Ok(json!({"entries": [], "next": after, "last": 0, "done": true}));
     };
     let source = Source::of_store(store).map_err(source_error)?;
-    // The timeline begins with the first event kept.
-    let first = source.first_seq().map_err(source_error)?.unwrap_or(1);
-    let after = after.max(first.saturating_sub(1));
+    let base = source.base().map_err(source_error)?;
+    let after = match after {
+        0 => base,
+        // A later page, of a history retention has since trimmed.
+        a if a < base => return Err(source_error(SourceError::Trimmed { after: a, base })),
+        a => a,
+    };
     let last = to.unwrap_or(u64::MAX).min(source.last_seq());
     let mut entries = Vec::new();
     let (next, flow) = source
