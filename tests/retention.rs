@@ -464,6 +464,26 @@ fn log_json(dir: &std::path::Path, args: &[&str]) -> Vec<serde_json::Value> {
     serde_json::from_slice(&o.stdout).expect("json")
 }
 
+/// `berth log --queue` knows the queue of the tasks the base checkpoint's
+/// state holds, whose `enqueued` events are no longer kept.
+#[test]
+fn the_log_of_a_queue_knows_the_tasks_of_the_base_checkpoint() {
+    let dir = tempdir();
+    let clock = FakeClock::new(T0);
+    let (_, _, held) = trimmed(dir.path(), &clock);
+    let log = |args: &[&str]| log_json(dir.path(), args);
+    let all = log(&[]);
+    // Every task is in main, also those enqueued before the first event
+    // kept (their queue is the base checkpoint's).
+    assert_eq!(log(&["--queue", "main"]), all);
+    let task = held.to_string();
+    let about = log(&["--task", &task]);
+    let events: Vec<&str> = about.iter().filter_map(|e| e["event"].as_str()).collect();
+    assert_eq!(events, ["started", "succeeded", "moved-to-history"]);
+    assert_eq!(log(&["--task", &task, "--queue", "main"]), about);
+    assert!(log(&["--task", &task, "--queue", "other"]).is_empty());
+}
+
 /// `berth log` prints the history from where the data dir keeps it: from
 /// event 1, or from the archive's base checkpoint once retention trimmed
 /// it. Anywhere else (no archive behind a cut log, a base that is gone, a
