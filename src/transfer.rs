@@ -40,8 +40,9 @@
 //! exactly one queue record, the one its `queue` names, and queue records
 //! name only queued tasks; waiting tasks are group children; queued and
 //! waiting tasks are `queued` or `running`, the history's are finished; a
-//! group is whole (every child names its parent, which lists it); `G` is
-//! the number of groups.
+//! group is whole (every child names its parent, which lists it) and flat
+//! (no task is its own parent or child, no child has children, no live
+//! child has a finished parent); `G` is the number of groups.
 
 use bincode::{Decode, Encode};
 
@@ -192,6 +193,27 @@ impl Export {
             let t = &e.task;
             if e.place == Place::Queue && !placed.contains(&t.id) {
                 return bad(format!("task {} is queued but in no queue record", t.id));
+            }
+            // A group is one parent and its children, none a group itself.
+            if t.parent == Some(t.id) || t.children.contains(&t.id) {
+                return bad(format!("task {} is its own group's parent or child", t.id));
+            }
+            if let (Some(p), false) = (t.parent, t.children.is_empty()) {
+                return bad(format!(
+                    "task {} is a child of task {p} and has children of its own: a group's \
+                     children are not groups",
+                    t.id
+                ));
+            }
+            if let Some(p) = t.parent
+                && e.place != Place::History
+                && by_id.get(&p).is_some_and(|pe| pe.place == Place::History)
+            {
+                return bad(format!(
+                    "task {} is live but its group's parent, task {p}, is finished (a group \
+                     ends when its last child does)",
+                    t.id
+                ));
             }
             if let Some(p) = t.parent {
                 let listed = by_id
@@ -581,6 +603,35 @@ mod tests {
                 Box::new(|x| {
                     let q = x.queues[1].clone();
                     x.queues.push(q)
+                }),
+            ),
+            (
+                "task 2 is its own group's parent or child",
+                Box::new(|x| {
+                    x.tasks[2].task.parent = Some(2);
+                    x.tasks[2].task.children = vec![2].into();
+                }),
+            ),
+            (
+                "task 4 is a child of task 3 and has children of its own",
+                Box::new(|x| {
+                    x.tasks[2].task.parent = Some(4);
+                    x.tasks[4].task.children = vec![2].into();
+                }),
+            ),
+            (
+                "task 5 is live but its group's parent, task 3, is finished",
+                Box::new(|x| {
+                    x.tasks[1].place = Place::History;
+                    x.tasks[1].task.status = Status::Succeeded;
+                    x.queues[0].ids = vec![1];
+                }),
+            ),
+            (
+                "task 5 is a child of task 3, which is not in the file",
+                Box::new(|x| {
+                    x.tasks.remove(1);
+                    x.queues[0].ids = vec![1];
                 }),
             ),
         ];

@@ -515,6 +515,7 @@ fn import(s: &Session, a: ImportArgs) -> Result<(), CliError> {
         &label,
         &s.budget,
         &Ctx::direct(None, kinds.as_deref()),
+        now_ms(),
     )?;
     let v = s.run(Request::Import {
         path,
