@@ -826,6 +826,74 @@ fn impossible_groups_and_times_are_refused_naming_the_task() {
     );
 }
 
+/// `import` checks an export file's first bytes before it reads the rest:
+/// a stream that is no export is refused at once, not read to the largest
+/// export's size (1.1 GiB of `/dev/zero`) or to its end. A file cut short
+/// inside its header is said to be too short for it, not to hold less
+/// than its node name claims.
+#[test]
+fn an_import_checks_the_start_of_a_stream_before_reading_on() {
+    use std::io::Write;
+    let root = tempdir();
+    let dir = root.path().join("data");
+    let mut child = Command::new(common::berth_bin())
+        .args(["--data-dir", dir.to_str().expect("utf-8"), "import", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    // Zeros, and the pipe kept open: only an import that looks at the
+    // first bytes alone can answer.
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(&[0u8; 4096]).expect("write");
+    let pid = child.id() as i32;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let answer = rx.recv_timeout(Duration::from_secs(20));
+    drop(stdin);
+    let o = match answer {
+        Ok(o) => o.expect("output"),
+        Err(_) => {
+            // SAFETY: the child this test started, still running.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("the import read on after the first bytes of a stream that is no export");
+        }
+    };
+    let status = o.status;
+    assert_eq!(status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(
+        e.contains("standard input: not a berth export file (no BERTHEXP magic at its start)"),
+        "{e}"
+    );
+    assert!(!dir.exists());
+    // A file cut inside its header, after a node name.
+    let a = root.path().join("a");
+    common::enqueue_id(&a, &["--queue", "main", "--kind", "K", "--name", "solo"]);
+    let full = root.path().join("full.bex");
+    ok(
+        &berth(&a, &["export", "-o", full.to_str().expect("utf-8")]),
+        "export",
+    );
+    let mut x = berth::transfer::decode(&std::fs::read(&full).expect("read")).expect("decode");
+    x.node = Some("edge-1".into());
+    let bytes = unchecked(&x);
+    let cut = write(root.path(), "cut.bex", &bytes[..54]);
+    let o = berth(&dir, &["import", cut.to_str().expect("utf-8")]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(
+            "cut.bex: the file is damaged: 54 bytes is too short for its header and checksum \
+             (60 bytes, with its 6-byte node name)"
+        ),
+        "{}",
+        stderr(&o)
+    );
+}
+
 #[test]
 fn through_daemons_a_running_task_comes_back_queued_and_everything_runs() {
     let ra = tempdir();

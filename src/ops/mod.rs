@@ -33,6 +33,7 @@ pub use replay::{LOG_PAGE, log_page, replay};
 pub use tasks::{enqueue, enqueue_batch, queue_list, task_remove, task_retry, task_show};
 pub use transfer::{
     INTERRUPTED_BY_EXPORT, MAX_EXPORT_FILE, Selection, check_import, export, import, read_export,
+    read_export_bytes,
 };
 
 /// What kind of failure an operation met; it decides the exit code and the

@@ -345,21 +345,78 @@ pub const MAX_EXPORT_FILE: u64 = transfer::MAX_RAW_BYTES + (64 << 20);
 /// no export file.
 pub fn read_export(path: &Path, name: &str) -> Result<Export, OpError> {
     use std::os::unix::fs::OpenOptionsExt;
-    let bytes = std::fs::OpenOptions::new()
+    let cannot = |e: std::io::Error| OpError::input(format!("cannot read {name}: {e}"));
+    let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
         .open(path)
-        .and_then(|f| {
-            if let Some(what) = frame::file_kind(f.metadata()?.file_type()) {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::InvalidInput,
-                    format!("it is {what}, not a regular file"),
-                ));
-            }
-            frame::read_file_capped(f, MAX_EXPORT_FILE)
-        })
-        .map_err(|e| OpError::input(format!("cannot read {name}: {e}")))?;
+        .map_err(cannot)?;
+    let meta = f.metadata().map_err(cannot)?;
+    if let Some(what) = frame::file_kind(meta.file_type()) {
+        return Err(cannot(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("it is {what}, not a regular file"),
+        )));
+    }
+    let bytes = read_export_bytes(f, Some(meta.len()), name)?;
     transfer::decode(&bytes).map_err(|e| OpError::input(format!("{name}: {e}")))
+}
+
+/// An export file's bytes from `r` (`size`: its length, when it is a
+/// regular file), at most [`MAX_EXPORT_FILE`]. Its first bytes are checked
+/// before the rest is read (`transfer::check_start`: the magic, the
+/// version, the flags, the node name's length), so that what is no export
+/// (`/dev/zero`, another file, a stream) is refused at once and not once
+/// up to the largest export has been read into memory. Errors name it
+/// (`name`) and are bad input.
+pub fn read_export_bytes(
+    mut r: impl std::io::Read,
+    size: Option<u64>,
+    name: &str,
+) -> Result<Vec<u8>, OpError> {
+    use std::io::Read;
+    let cannot = |e: std::io::Error| OpError::input(format!("cannot read {name}: {e}"));
+    let too_big = || {
+        cannot(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {}", format_size(MAX_EXPORT_FILE)),
+        ))
+    };
+    if size.is_some_and(|n| n > MAX_EXPORT_FILE) {
+        return Err(too_big());
+    }
+    let mut start = Vec::with_capacity(transfer::START);
+    (&mut r)
+        .take(transfer::START as u64)
+        .read_to_end(&mut start)
+        .map_err(cannot)?;
+    transfer::check_start(&start).map_err(|e| OpError::input(format!("{name}: {e}")))?;
+    let left = MAX_EXPORT_FILE - start.len() as u64;
+    let bytes = match size {
+        // A regular file: read into one buffer of its size (it may have
+        // grown since: still never past the cap).
+        Some(n) => {
+            let mut bytes = start;
+            bytes.reserve_exact((n as usize).saturating_sub(bytes.len()) + 1);
+            r.take(left.saturating_add(1))
+                .read_to_end(&mut bytes)
+                .map_err(cannot)?;
+            bytes
+        }
+        None => {
+            let rest = frame::read_capped(r, left).map_err(|e| match e.kind() {
+                std::io::ErrorKind::InvalidData => too_big(),
+                _ => cannot(e),
+            })?;
+            let mut bytes = start;
+            bytes.extend_from_slice(&rest);
+            bytes
+        }
+    };
+    if bytes.len() as u64 > MAX_EXPORT_FILE {
+        return Err(too_big());
+    }
+    Ok(bytes)
 }
 
 /// The spec a task would have been enqueued with (its payload aside), for
