@@ -345,9 +345,34 @@ pub(crate) fn split_records<'a>(
     Ok(out)
 }
 
-/// The segments in `dir` (a data dir's `archive/`), by their first event;
-/// files that are not segments are left out, as are unreadable headers
-/// (which [`read_segment`] reports).
+/// The event a segment file's name says it begins with (`seg-<first
+/// event>.bsg`); None for a name that is not a segment's.
+pub fn named_first_seq(path: &Path) -> Option<u64> {
+    let name = path.file_name()?.to_str()?;
+    let digits = name.strip_prefix("seg-")?.strip_suffix(".bsg")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// Whether a file name is a segment's as `list` looks for them
+/// (`seg-*.bsg`, whatever is between).
+pub fn named_like_a_segment(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("seg-") && n.ends_with(".bsg"))
+}
+
+/// The segments in `dir` (a data dir's `archive/`), by the first event
+/// their names say. Only the header is read, not checked against the
+/// file's checksum (that takes the whole file), so it is trusted only as
+/// far as it agrees with itself and with the file's name: a file named
+/// like a segment whose header cannot be read, whose magic or version is
+/// not a segment's, whose first event is not the one its name says, or
+/// whose events run backwards, is left out (`replay::segments_in` reads
+/// such a file whole and reports what is wrong with it). Its other fields
+/// (its last event, the record count) are claims until the file is read.
 pub fn list(dir: &Path) -> io::Result<Vec<SegmentInfo>> {
     let mut out = Vec::new();
     let entries = match fs::read_dir(dir) {
@@ -357,13 +382,12 @@ pub fn list(dir: &Path) -> io::Result<Vec<SegmentInfo>> {
     };
     for e in entries {
         let path = e?.path();
-        let is_segment = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(|n| n.starts_with("seg-") && n.ends_with(".bsg"));
-        if !is_segment {
+        if !named_like_a_segment(&path) {
             continue;
         }
+        let Some(named) = named_first_seq(&path) else {
+            continue;
+        };
         let mut head = [0u8; HEADER];
         let read = File::open(&path).and_then(|mut f| {
             use std::io::Read;
@@ -372,14 +396,20 @@ pub fn list(dir: &Path) -> io::Result<Vec<SegmentInfo>> {
         if read.is_err() || &head[..8] != MAGIC {
             continue;
         }
-        out.push(SegmentInfo {
+        let info = SegmentInfo {
             first_seq: u64_at(&head, 12),
             last_seq: u64_at(&head, 20),
             records: u32_at(&head, 28),
             bytes: fs::metadata(&path)?.len(),
             version: u16::from_le_bytes([head[8], head[9]]),
             path,
-        });
+        };
+        let plausible = info.first_seq == named
+            && info.first_seq <= info.last_seq
+            && (1..=VERSION).contains(&info.version);
+        if plausible {
+            out.push(info);
+        }
     }
     out.sort_by_key(|s| s.first_seq);
     Ok(out)

@@ -25,7 +25,10 @@ use crate::units::{format_size, format_size_against};
 pub struct Budget {
     /// JSON of this many bytes or more is stored gzip-compressed.
     pub compress_over: usize,
-    /// The largest stored task record.
+    /// The largest payload or result (after compression), and the largest
+    /// record of a task as it is enqueued (all its fields together). A
+    /// result is measured on its own ([`Budget::result_blob`]), so a
+    /// finished task's record, payload and result together, can be larger.
     pub max_object: usize,
     /// The most bytes a compressed blob may inflate to.
     pub max_decompressed: usize,

@@ -113,6 +113,18 @@ pub enum SourceError {
         .path.display()
     )]
     NoArchive { path: PathBuf, upto: u64 },
+    #[error(
+        "{}: a berth archive segment that begins with event {first}, named as one that does \
+         not (segments are named seg-<first event>.bsg)",
+        .path.display()
+    )]
+    Misnamed { path: PathBuf, first: u64 },
+    #[error(
+        "the history kept here now begins after event {base}: the events after event {after} \
+         up to it are no longer kept (retention deleted the archive's oldest segments while \
+         they were read)"
+    )]
+    Trimmed { after: u64, base: u64 },
 }
 
 fn gap_text(previous: u64, previous_from: &Origin, found: u64, found_from: &Origin) -> String {
@@ -204,9 +216,13 @@ impl Continuity {
     }
 }
 
-/// The segments in a data dir's `archive/`. A file named like a segment
-/// whose header cannot be read is an error here (`archive::list` leaves
-/// it out), not a silent hole.
+/// The segments in a data dir's `archive/`, by the first event their
+/// names say. A file named like a segment that `archive::list` leaves out
+/// (a header that cannot be read, or that disagrees with itself or with
+/// the file's name) is an error here, not a silent hole: it is read whole,
+/// so that the error says what is wrong with it (a checksum mismatch for a
+/// damaged header), and a file that reads whole but is named for another
+/// event than its first is refused too.
 pub fn segments_in(data_dir: &Path) -> Result<Vec<SegmentInfo>, SourceError> {
     let dir = data_dir.join(archive::DIR);
     let listed = archive::list(&dir).map_err(|source| SourceError::List {
@@ -218,12 +234,12 @@ pub fn segments_in(data_dir: &Path) -> Result<Vec<SegmentInfo>, SourceError> {
     };
     for e in entries.flatten() {
         let path = e.path();
-        let named = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(|n| n.starts_with("seg-") && n.ends_with(".bsg"));
-        if named && !listed.iter().any(|s| s.path == path) {
-            archive::read_segment(&path)?;
+        if archive::named_like_a_segment(&path) && !listed.iter().any(|s| s.path == path) {
+            let (info, _) = archive::read_segment(&path)?;
+            return Err(SourceError::Misnamed {
+                path,
+                first: info.first_seq,
+            });
         }
     }
     Ok(listed)
@@ -305,22 +321,66 @@ impl<'a> Source<'a> {
         &self.segments
     }
 
-    /// The number of the last event (as the segments' headers and the
-    /// store say; 0 when there is none).
+    /// The number of the last event (0 when there is none): the store's
+    /// last, which no archived event is after; without a store, as the
+    /// segments' headers say.
     pub fn last_seq(&self) -> u64 {
-        let archived = self.segments.iter().map(|s| s.last_seq).max().unwrap_or(0);
-        archived.max(self.store_last)
+        if self.store.is_some() {
+            return self.store_last;
+        }
+        self.segments.iter().map(|s| s.last_seq).max().unwrap_or(0)
     }
 
-    /// The number of the first event there is (as the segments' headers
-    /// and the store's first record say).
-    pub fn first_seq(&self) -> Result<Option<u64>, SourceError> {
-        if let Some(s) = self.segments.first() {
-            return Ok(Some(s.first_seq));
+    /// The event the history kept here begins after: 0 when it begins with
+    /// event 1, else the event of the archive's base checkpoint (the state
+    /// before its first segment, which retention keeps when it deletes the
+    /// oldest segments). A history that begins anywhere else is an error:
+    /// a first segment after event 1 without its base checkpoint
+    /// ([`SourceError::NoBase`]), or a store's log cut after event N with
+    /// no segment at all ([`SourceError::NoArchive`]; retention always
+    /// keeps the newest). The first segment is the one whose name says the
+    /// lowest event, and its header agrees (`segments_in`); whether its
+    /// events begin there is checked as they are read.
+    pub fn base(&self) -> Result<u64, SourceError> {
+        let first = match (self.segments.first(), self.store) {
+            (Some(s), _) => s.first_seq,
+            (None, Some(store)) if self.store_last > 0 => {
+                let start = store.log_start()?;
+                if start > 1 {
+                    return Err(SourceError::NoArchive {
+                        path: store.dir().join(archive::DIR),
+                        upto: start - 1,
+                    });
+                }
+                return Ok(0);
+            }
+            (None, _) => return Ok(0),
+        };
+        let base = first.saturating_sub(1);
+        if let Some(store) = self.store
+            && base > 0
+            && crate::checkpoint::path_of(store.dir(), base).is_none()
+        {
+            return Err(SourceError::NoBase {
+                path: crate::checkpoint::dir_of(store.dir())
+                    .join(crate::checkpoint::file_name(base)),
+                base,
+            });
         }
-        match self.store {
-            Some(store) if self.store_last > 0 => Ok(store.first_logged_seq()?),
-            _ => Ok(None),
+        Ok(base)
+    }
+
+    /// Where the source after segment `i` begins, as far as it can be
+    /// known without reading it: the next segment's first event (its name
+    /// and header agree), or for the last segment the store's first record
+    /// (`log_start`; None without a store or when its log is empty).
+    /// A segment is skipped only when what follows it begins at or before
+    /// the first event wanted, so that skipping it loses nothing: the
+    /// continuity check then sees that what follows does begin there.
+    fn next_start(&self, i: usize, log_start: Option<u64>) -> Option<u64> {
+        match self.segments.get(i + 1) {
+            Some(next) => Some(next.first_seq),
+            None => log_start,
         }
     }
 
@@ -333,12 +393,22 @@ impl<'a> Source<'a> {
         mut f: impl FnMut(Event) -> Result<Flow, SourceError>,
     ) -> Result<(u64, Flow), SourceError> {
         let mut check = Continuity::new(after);
-        // Segments wholly at or before `after` are not even read.
+        // Segments wholly at or before `after` are not even read: those
+        // followed by a source that begins at or before the first event
+        // wanted (a segment's own last event is in its header, which is
+        // not checked until the segment is read).
+        let log_start = match self.store {
+            Some(store) => store.first_logged_seq()?,
+            None => None,
+        };
         let todo: Vec<(usize, &SegmentInfo)> = self
             .segments
             .iter()
             .enumerate()
-            .filter(|(_, s)| s.last_seq > after)
+            .filter(|(i, s)| match self.next_start(*i, log_start) {
+                Some(next) => next > after.saturating_add(1),
+                None => s.last_seq > after,
+            })
             .collect();
         // Segments decode as rayon jobs, at most `ahead` of them beyond
         // the one whose events are being handed out here, in order; this
@@ -475,8 +545,7 @@ fn written_ms(path: &Path) -> u64 {
 /// base checkpoint (the state before the first event the history holds),
 /// or the empty state when the history begins at event 1.
 pub fn start_for(data_dir: &Path, source: &Source<'_>, until: Until) -> Result<Start, SourceError> {
-    let first = source.first_seq()?.unwrap_or(1);
-    let base = first.saturating_sub(1);
+    let base = source.base()?;
     let list = |e: std::io::Error| SourceError::List {
         path: data_dir.join(crate::checkpoint::DIR),
         source: e,
@@ -545,13 +614,9 @@ pub fn check_archive(
     let checkpoints = listed.len();
     let source = Source::of_store(store)?;
     let log_start = store.log_start()?;
+    // A cut log without an archive, or an archive without its base.
+    source.base()?;
     let Some(first) = source.segments.first().map(|s| s.first_seq) else {
-        if log_start > 1 {
-            return Err(SourceError::NoArchive {
-                path: dir.join(archive::DIR),
-                upto: log_start - 1,
-            });
-        }
         return Ok(ArchiveChecked {
             events: None,
             checkpoints,
@@ -766,6 +831,20 @@ mod tests {
         let e = segments_in(dir.path()).expect_err("refused").to_string();
         assert!(e.contains("seg-00000000000000000004.bsg"), "{e}");
         assert!(e.contains("not a berth archive segment"), "{e}");
+        // A whole segment under another segment's name: its header is not
+        // believed, and the file is named.
+        std::fs::remove_file(arch.join(archive::segment_name(4))).expect("rm");
+        std::fs::rename(
+            arch.join(archive::segment_name(1)),
+            arch.join(archive::segment_name(2)),
+        )
+        .expect("rename");
+        let e = segments_in(dir.path()).expect_err("refused").to_string();
+        assert!(e.contains("seg-00000000000000000002.bsg"), "{e}");
+        assert!(
+            e.contains("that begins with event 1, named as one that does not"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -97,6 +97,9 @@ pub enum RetentionError {
     Replay { path: PathBuf, why: String },
     #[error(transparent)]
     Verify(#[from] crate::store::verify::ReplayError),
+    /// The archive's segments cannot be listed, or one of them is damaged.
+    #[error("the archive: {0}")]
+    Archived(#[from] crate::replay::SourceError),
 }
 
 fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> RetentionError {
@@ -277,9 +280,17 @@ fn delete_old_checkpoints(
 /// The event of the archive's base checkpoint: the one before its first
 /// segment (None when the archive is empty or begins at event 1).
 fn base_seq(dir: &Path) -> Result<Option<u64>, RetentionError> {
-    let archive_dir = dir.join(archive::DIR);
-    let segments = archive::list(&archive_dir).map_err(io("listing", &archive_dir))?;
+    let segments = segments(dir)?;
     Ok(segments.first().map(|s| s.first_seq - 1).filter(|s| *s > 0))
+}
+
+/// The archive's segments, by their first event. A file named like a
+/// segment whose header does not check out is an error
+/// (`replay::segments_in`): which segment is the first, and so which
+/// checkpoint is the base, is not known then, and a pass that guessed
+/// could delete the base or the segments after the damaged one.
+fn segments(dir: &Path) -> Result<Vec<SegmentInfo>, RetentionError> {
+    Ok(crate::replay::segments_in(dir)?)
 }
 
 /// Step 4: the oldest segments go while the archive is over its limits;
@@ -291,8 +302,7 @@ fn trim_archive(
     count_from: u64,
     report: &mut PassReport,
 ) -> Result<(), RetentionError> {
-    let archive_dir = dir.join(archive::DIR);
-    let mut segments = archive::list(&archive_dir).map_err(io("listing", &archive_dir))?;
+    let mut segments = segments(dir)?;
     loop {
         let base = base_seq(dir)?.and_then(|s| checkpoint::path_of(dir, s));
         let base_bytes = base

@@ -199,6 +199,18 @@ impl Filter {
         }
     }
 
+    /// Takes `ids` as tasks in the queue the filter selects: a timeline
+    /// that begins at a checkpoint does not hold the `enqueued` and
+    /// `placed` events of the tasks that checkpoint's state holds, so
+    /// their queue comes from that state (`ops::log_page`'s `seed`).
+    pub fn seed(&mut self, ids: &[u64]) {
+        if let Some(q) = &self.queue {
+            for id in ids {
+                self.queues.insert(*id, q.clone());
+            }
+        }
+    }
+
     /// Whether `e` is selected. Entries must come in order: a task's queue
     /// is the one its last `enqueued` or `placed` entry named, and an
     /// entry about a task is in that queue.
@@ -290,6 +302,25 @@ mod tests {
         .map(|e| e.seq)
         .collect();
         assert_eq!(picked, vec![3, 4, 6]);
+        // A timeline from a checkpoint: its tasks' queues are seeded, and
+        // a later event that names another queue still moves the task.
+        let mut f = Filter::new(None, Some("main".into()), None, None);
+        f.seed(&[7, 8]);
+        let picked: Vec<u64> = [
+            entry(10, "started", 7, None),
+            entry(11, "started", 9, None),
+            entry(12, "placed", 8, Some("parallel_queue_0")),
+            entry(13, "started", 8, None),
+        ]
+        .iter()
+        .filter(|e| f.selects(e))
+        .map(|e| e.seq)
+        .collect();
+        assert_eq!(picked, vec![10]);
+        // Without a queue filter, a seed selects nothing more.
+        let mut f = Filter::new(Some(9), None, None, None);
+        f.seed(&[7]);
+        assert!(!f.selects(&entry(10, "started", 7, None)));
         let mut f = Filter::new(Some(1), None, Some(1_796_040_000_500), None);
         assert!(!f.selects(&entry(1, "enqueued", 1, Some("main"))));
         assert!(f.selects(&entry(5, "started", 1, None)));

@@ -40,8 +40,9 @@
 //! exactly one queue record, the one its `queue` names, and queue records
 //! name only queued tasks; waiting tasks are group children; queued and
 //! waiting tasks are `queued` or `running`, the history's are finished; a
-//! group is whole (every child names its parent, which lists it); `G` is
-//! the number of groups.
+//! group is whole (every child names its parent, which lists it) and flat
+//! (no task is its own parent or child, no child has children, no live
+//! child has a finished parent); `G` is the number of groups.
 
 use bincode::{Decode, Encode};
 
@@ -193,6 +194,27 @@ impl Export {
             if e.place == Place::Queue && !placed.contains(&t.id) {
                 return bad(format!("task {} is queued but in no queue record", t.id));
             }
+            // A group is one parent and its children, none a group itself.
+            if t.parent == Some(t.id) || t.children.contains(&t.id) {
+                return bad(format!("task {} is its own group's parent or child", t.id));
+            }
+            if let (Some(p), false) = (t.parent, t.children.is_empty()) {
+                return bad(format!(
+                    "task {} is a child of task {p} and has children of its own: a group's \
+                     children are not groups",
+                    t.id
+                ));
+            }
+            if let Some(p) = t.parent
+                && e.place != Place::History
+                && by_id.get(&p).is_some_and(|pe| pe.place == Place::History)
+            {
+                return bad(format!(
+                    "task {} is live but its group's parent, task {p}, is finished (a group \
+                     ends when its last child does)",
+                    t.id
+                ));
+            }
             if let Some(p) = t.parent {
                 let listed = by_id
                     .get(&p)
@@ -284,8 +306,16 @@ struct Header {
     body: usize,
 }
 
-/// Checks the header and the checksum (nothing is inflated yet).
-fn header(bytes: &[u8]) -> Result<Header, FormatError> {
+/// How many of a file's first bytes [`check_start`] looks at: the header
+/// without the node's name and the counts after it.
+pub const START: usize = 22;
+
+/// Checks what a file's first bytes (up to [`START`], fewer when the file
+/// is shorter) say: the magic, the version, the flags and the length of
+/// the node's name. A reader calls it before it reads the rest, so a file
+/// (or a device, or a stream) that is no export is refused at once, not
+/// once up to the largest export has been read.
+pub fn check_start(bytes: &[u8]) -> Result<(), FormatError> {
     let damaged = |why: String| FormatError::Damaged(why);
     if bytes.len() < 8 || &bytes[..8] != MAGIC {
         let why = match bytes.len() {
@@ -296,29 +326,52 @@ fn header(bytes: &[u8]) -> Result<Header, FormatError> {
         return Err(FormatError::NotExport(why));
     }
     if bytes.len() < 10 {
-        return Err(damaged(format!("{} bytes is too short", bytes.len())));
+        return Ok(());
     }
     let version = u16_at(bytes, 8);
     if version != VERSION {
         return Err(FormatError::Version(version));
     }
-    if bytes.len() < HEADER + 4 {
-        return Err(damaged(format!(
-            "{} bytes is too short for its header",
-            bytes.len()
-        )));
+    if bytes.len() < 12 {
+        return Ok(());
     }
     let flags = u16_at(bytes, 10);
     if flags & !FLAG_HISTORY != 0 {
         return Err(damaged(format!("unknown flags {flags:#06x}")));
     }
+    if bytes.len() < 22 {
+        return Ok(());
+    }
     let n = u16_at(bytes, 20) as usize;
-    if n > MAX_NODE || bytes.len() < HEADER + n + 4 {
+    if n > MAX_NODE {
         return Err(damaged(format!(
-            "its node name claims {n} bytes (at most {MAX_NODE}, and the file holds {})",
-            bytes.len()
+            "its node name claims {n} bytes; at most {MAX_NODE}"
         )));
     }
+    Ok(())
+}
+
+/// Checks the header and the checksum (nothing is inflated yet).
+fn header(bytes: &[u8]) -> Result<Header, FormatError> {
+    let damaged = |why: String| FormatError::Damaged(why);
+    check_start(bytes)?;
+    // The header with the node's name, and the checksum after the records.
+    let n = match bytes.len() {
+        len if len >= 22 => u16_at(bytes, 20) as usize,
+        _ => 0,
+    };
+    if bytes.len() < HEADER + n + 4 {
+        let with = match n {
+            0 => String::new(),
+            n => format!(", with its {n}-byte node name"),
+        };
+        return Err(damaged(format!(
+            "{} bytes is too short for its header and checksum ({} bytes{with})",
+            bytes.len(),
+            HEADER + n + 4
+        )));
+    }
+    let flags = u16_at(bytes, 10);
     let at = 22 + n;
     let (raw_len, packed_len) = (u64_at(bytes, at + 12), u64_at(bytes, at + 20));
     let holds = (bytes.len() - HEADER - n - 4) as u64;
@@ -583,6 +636,35 @@ mod tests {
                     x.queues.push(q)
                 }),
             ),
+            (
+                "task 2 is its own group's parent or child",
+                Box::new(|x| {
+                    x.tasks[2].task.parent = Some(2);
+                    x.tasks[2].task.children = vec![2].into();
+                }),
+            ),
+            (
+                "task 4 is a child of task 3 and has children of its own",
+                Box::new(|x| {
+                    x.tasks[2].task.parent = Some(4);
+                    x.tasks[4].task.children = vec![2].into();
+                }),
+            ),
+            (
+                "task 5 is live but its group's parent, task 3, is finished",
+                Box::new(|x| {
+                    x.tasks[1].place = Place::History;
+                    x.tasks[1].task.status = Status::Succeeded;
+                    x.queues[0].ids = vec![1];
+                }),
+            ),
+            (
+                "task 5 is a child of task 3, which is not in the file",
+                Box::new(|x| {
+                    x.tasks.remove(1);
+                    x.queues[0].ids = vec![1];
+                }),
+            ),
         ];
         for (why, change) in cases {
             let mut x = sample();
@@ -591,6 +673,31 @@ mod tests {
             assert!(e.contains(why), "{why}: {e}");
             assert!(encode(&x).is_err(), "{why}: encoded");
         }
+    }
+
+    #[test]
+    fn the_start_of_a_file_is_checked_alone_and_a_short_header_is_named() {
+        let bytes = encode(&sample()).unwrap();
+        assert_eq!(check_start(&bytes[..START]), Ok(()));
+        assert!(check_start(&bytes[..3]).is_err());
+        assert!(matches!(
+            check_start(&[0u8; START]),
+            Err(FormatError::NotExport(_))
+        ));
+        let mut n = bytes[..START].to_vec();
+        n[20] = 65;
+        let e = check_start(&n).unwrap_err().to_string();
+        assert!(
+            e.contains("its node name claims 65 bytes; at most 64"),
+            "{e}"
+        );
+        // Cut inside the header after the node name: too short for it.
+        let e = decode(&bytes[..54]).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "the file is damaged: 54 bytes is too short for its header and checksum \
+             (60 bytes, with its 6-byte node name)"
+        );
     }
 
     #[test]

@@ -646,6 +646,254 @@ fn damaged_files_are_refused_naming_the_file_and_nothing_changes() {
     assert_eq!(common::file_hashes(&t), before);
 }
 
+/// An export file's bytes for `x` as `transfer::encode` writes them, but
+/// without its check that the records agree: a file with a valid checksum
+/// whatever it holds, as a crafted one can be.
+fn unchecked(x: &berth::transfer::Export) -> Vec<u8> {
+    let records: Vec<Vec<u8>> = x
+        .tasks
+        .iter()
+        .map(berth::codec::encode)
+        .chain(x.queues.iter().map(berth::codec::encode))
+        .collect();
+    let raw = berth::frame::pack(&records);
+    let packed = berth::frame::compress(&raw, 3).expect("zstd");
+    let node = x.node.as_deref().unwrap_or("");
+    let mut out = b"BERTHEXP".to_vec();
+    out.extend_from_slice(&1u16.to_le_bytes());
+    out.extend_from_slice(&u16::from(x.history).to_le_bytes());
+    out.extend_from_slice(&x.created_at.to_le_bytes());
+    out.extend_from_slice(&(node.len() as u16).to_le_bytes());
+    out.extend_from_slice(node.as_bytes());
+    out.extend_from_slice(&(x.tasks.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(x.queues.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(x.groups() as u32).to_le_bytes());
+    out.extend_from_slice(&(raw.len() as u64).to_le_bytes());
+    out.extend_from_slice(&(packed.len() as u64).to_le_bytes());
+    out.extend_from_slice(&packed);
+    berth::frame::seal(&mut out);
+    out
+}
+
+/// A file whose checksums all hold is still refused, exit 2, naming the
+/// task and what is wrong, when its groups are impossible (a task that is
+/// its own parent and child, a child with children, a live child of a
+/// finished parent, a child whose parent is not in it) or a time is later
+/// than any berth records (a `retry_at` of `u64::MAX` would keep its queue
+/// asleep for good); nothing changes, and no data dir is made.
+#[test]
+fn impossible_groups_and_times_are_refused_naming_the_task() {
+    use berth::transfer::{Export, Place};
+    let root = tempdir();
+    let a = root.path().join("a");
+    common::enqueue_id(&a, &["--queue", "main", "--kind", "K", "--name", "solo"]);
+    let batch = root.path().join("group.json");
+    std::fs::write(
+        &batch,
+        r#"[{"queue": "main", "kind": "K", "name": "x", "weight": 5},
+            {"queue": "main", "kind": "K", "name": "y", "weight": 5}]"#,
+    )
+    .expect("batch");
+    ok(
+        &berth(&a, &["enqueue", "--batch", batch.to_str().expect("utf-8")]),
+        "batch",
+    );
+    let good_path = root.path().join("good.bex");
+    ok(
+        &berth(&a, &["export", "-o", good_path.to_str().expect("utf-8")]),
+        "export",
+    );
+    let good = berth::transfer::decode(&std::fs::read(&good_path).expect("read")).expect("decode");
+    let find = |x: &Export, name: &str| -> usize {
+        x.tasks
+            .iter()
+            .position(|e| e.task.name == name || e.task.name.starts_with(name))
+            .expect(name)
+    };
+    let solo = good.tasks[find(&good, "solo")].task.id;
+    let parent = good
+        .tasks
+        .iter()
+        .find(|e| !e.task.children.is_empty())
+        .expect("a group");
+    let (pid, kids) = (parent.task.id, parent.task.children.to_vec());
+    let by_id = |x: &mut Export, id: u64| -> usize {
+        x.tasks.iter().position(|e| e.task.id == id).expect("task")
+    };
+    type Change = Box<dyn Fn(&mut Export)>;
+    let cases: Vec<(&str, String, Change)> = vec![
+        (
+            "self",
+            format!("task {solo} is its own group's parent or child"),
+            Box::new(move |x| {
+                let i = by_id(x, solo);
+                x.tasks[i].task.parent = Some(solo);
+                x.tasks[i].task.children = vec![solo].into();
+            }),
+        ),
+        (
+            "nested",
+            format!(
+                "task {} is a child of task {pid} and has children of its own",
+                kids[0]
+            ),
+            Box::new({
+                let kids = kids.clone();
+                move |x| {
+                    // The first child takes the second as its own child.
+                    let (c0, c1) = (by_id(x, kids[0]), by_id(x, kids[1]));
+                    x.tasks[c0].task.children = vec![kids[1]].into();
+                    x.tasks[c1].task.parent = Some(kids[0]);
+                    let p = by_id(x, pid);
+                    x.tasks[p].task.children = vec![kids[0]].into();
+                }
+            }),
+        ),
+        (
+            "finished-parent",
+            format!("is live but its group's parent, task {pid}, is finished"),
+            Box::new(move |x| {
+                let p = by_id(x, pid);
+                x.tasks[p].place = Place::History;
+                x.tasks[p].task.status = Status::Cancelled;
+                x.tasks[p].task.finished_at = Some(x.created_at);
+                for q in &mut x.queues {
+                    q.ids.retain(|id| *id != pid);
+                }
+                x.queues.retain(|q| !q.ids.is_empty());
+                x.history = true;
+            }),
+        ),
+        (
+            "no-parent",
+            format!("is a child of task {pid}, which is not in the file"),
+            Box::new(move |x| {
+                let p = by_id(x, pid);
+                x.tasks.remove(p);
+                for q in &mut x.queues {
+                    q.ids.retain(|id| *id != pid);
+                }
+            }),
+        ),
+        (
+            "retry-at",
+            format!(
+                "task {solo} (K solo): its retry_at is 18446744073709551615 ms since the epoch"
+            ),
+            Box::new(move |x| {
+                let i = by_id(x, solo);
+                x.tasks[i].task.retry_at = Some(u64::MAX);
+            }),
+        ),
+        (
+            "queued-at",
+            format!("task {solo} (K solo): its queued_at is"),
+            Box::new(move |x| {
+                let i = by_id(x, solo);
+                // A day more than 100 years after the file was made.
+                x.tasks[i].task.queued_at = x.created_at + (100 * 365 + 26) * 86_400_000;
+            }),
+        ),
+    ];
+    // The target: a data dir with a task of its own.
+    let t = root.path().join("t");
+    common::enqueue_id(&t, &["--queue", "main", "--kind", "K", "--name", "mine"]);
+    let before = common::file_hashes(&t);
+    for (name, why, change) in &cases {
+        let mut x = good.clone();
+        change(&mut x);
+        let p = write(root.path(), &format!("{name}.bex"), &unchecked(&x));
+        for dir in [&t, &root.path().join("fresh")] {
+            let o = berth(dir, &["import", p.to_str().expect("utf-8")]);
+            assert_eq!(o.status.code(), Some(2), "{name}: {}", stderr(&o));
+            let e = stderr(&o);
+            assert!(
+                e.contains(&format!("{name}.bex: ")) && e.contains(why.as_str()),
+                "{name}: {e}"
+            );
+        }
+        assert_eq!(common::file_hashes(&t), before, "{name} changed the target");
+        assert!(
+            !root.path().join("fresh").exists(),
+            "{name} made a data dir"
+        );
+    }
+    // The file unchanged imports (the crafting itself is sound).
+    let p = write(root.path(), "same.bex", &unchecked(&good));
+    ok(
+        &berth(&t, &["import", p.to_str().expect("utf-8")]),
+        "import",
+    );
+}
+
+/// `import` checks an export file's first bytes before it reads the rest:
+/// a stream that is no export is refused at once, not read to the largest
+/// export's size (1.1 GiB of `/dev/zero`) or to its end. A file cut short
+/// inside its header is said to be too short for it, not to hold less
+/// than its node name claims.
+#[test]
+fn an_import_checks_the_start_of_a_stream_before_reading_on() {
+    use std::io::Write;
+    let root = tempdir();
+    let dir = root.path().join("data");
+    let mut child = Command::new(common::berth_bin())
+        .args(["--data-dir", dir.to_str().expect("utf-8"), "import", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    // Zeros, and the pipe kept open: only an import that looks at the
+    // first bytes alone can answer.
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(&[0u8; 4096]).expect("write");
+    let pid = child.id() as i32;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let answer = rx.recv_timeout(Duration::from_secs(20));
+    drop(stdin);
+    let o = match answer {
+        Ok(o) => o.expect("output"),
+        Err(_) => {
+            // SAFETY: the child this test started, still running.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("the import read on after the first bytes of a stream that is no export");
+        }
+    };
+    let status = o.status;
+    assert_eq!(status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(
+        e.contains("standard input: not a berth export file (no BERTHEXP magic at its start)"),
+        "{e}"
+    );
+    assert!(!dir.exists());
+    // A file cut inside its header, after a node name.
+    let a = root.path().join("a");
+    common::enqueue_id(&a, &["--queue", "main", "--kind", "K", "--name", "solo"]);
+    let full = root.path().join("full.bex");
+    ok(
+        &berth(&a, &["export", "-o", full.to_str().expect("utf-8")]),
+        "export",
+    );
+    let mut x = berth::transfer::decode(&std::fs::read(&full).expect("read")).expect("decode");
+    x.node = Some("edge-1".into());
+    let bytes = unchecked(&x);
+    let cut = write(root.path(), "cut.bex", &bytes[..54]);
+    let o = berth(&dir, &["import", cut.to_str().expect("utf-8")]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(
+            "cut.bex: the file is damaged: 54 bytes is too short for its header and checksum \
+             (60 bytes, with its 6-byte node name)"
+        ),
+        "{}",
+        stderr(&o)
+    );
+}
+
 #[test]
 fn through_daemons_a_running_task_comes_back_queued_and_everything_runs() {
     let ra = tempdir();

@@ -415,6 +415,187 @@ fn the_archive_is_trimmed_and_its_base_moves_forward() {
     verify_refuses("not a berth checkpoint");
 }
 
+/// A store whose archive retention has trimmed: its first segment begins
+/// after event 1, on its base checkpoint. The store, closed; the first
+/// event kept, the last event, and a task of main enqueued before the
+/// first event kept that ran after it.
+fn trimmed(dir: &std::path::Path, clock: &FakeClock) -> (u64, u64, u64) {
+    let store = open(dir, clock);
+    let held = submit::enqueue_one(&store, spec("main", "held"), Placement::Last).expect("held");
+    // Small limits until a segment was deleted, then an archive that
+    // grows until it has two segments.
+    let mut r = Retention {
+        log_size: 8 << 10,
+        archive_size: 24 << 10,
+        ..Retention::default()
+    };
+    let mut rounds = 0;
+    let segments = loop {
+        run_tasks(&store, clock, "main", 40);
+        if retention::pass(&store, &r).expect("pass").segments_deleted > 0 {
+            // (The fake clock is ahead of the files' times by more than
+            // the default archive age.)
+            r.archive_size = Retention::default().archive_size;
+            r.archive_age = Duration::from_secs(10 * 365 * 24 * 3600);
+        }
+        let segments = archive::list(&dir.join(archive::DIR)).expect("segments");
+        if segments.len() >= 2 && segments[0].first_seq > 1 {
+            break segments;
+        }
+        rounds += 1;
+        assert!(rounds < 40, "{segments:?}");
+    };
+    let first = segments[0].first_seq;
+    assert!(first > 1 && checkpoint::path_of(dir, first - 1).is_some());
+    let mut w = store.write();
+    w.start(held).expect("start");
+    w.commit().expect("commit");
+    let mut w = store.write();
+    w.succeed(held, None).expect("succeed");
+    w.to_history(held, Status::Succeeded).expect("to history");
+    w.commit().expect("commit");
+    (first, store.next_seq() - 1, held)
+}
+
+/// `berth log` as JSON, which must succeed.
+fn log_json(dir: &std::path::Path, args: &[&str]) -> Vec<serde_json::Value> {
+    let o = berth(dir, &[&["log", "-o", "json"], args].concat());
+    assert!(o.status.success(), "{args:?}: {}", common::stderr(&o));
+    serde_json::from_slice(&o.stdout).expect("json")
+}
+
+/// `berth log --queue` knows the queue of the tasks the base checkpoint's
+/// state holds, whose `enqueued` events are no longer kept.
+#[test]
+fn the_log_of_a_queue_knows_the_tasks_of_the_base_checkpoint() {
+    let dir = tempdir();
+    let clock = FakeClock::new(T0);
+    let (_, _, held) = trimmed(dir.path(), &clock);
+    let log = |args: &[&str]| log_json(dir.path(), args);
+    let all = log(&[]);
+    // Every task is in main, also those enqueued before the first event
+    // kept (their queue is the base checkpoint's).
+    assert_eq!(log(&["--queue", "main"]), all);
+    let task = held.to_string();
+    let about = log(&["--task", &task]);
+    let events: Vec<&str> = about.iter().filter_map(|e| e["event"].as_str()).collect();
+    assert_eq!(events, ["started", "succeeded", "moved-to-history"]);
+    assert_eq!(log(&["--task", &task, "--queue", "main"]), about);
+    assert!(log(&["--task", &task, "--queue", "other"]).is_empty());
+}
+
+/// `berth log` prints the history from where the data dir keeps it: from
+/// event 1, or from the archive's base checkpoint once retention trimmed
+/// it. Anywhere else (no archive behind a cut log, a base that is gone, a
+/// first segment whose header is damaged) is an error naming what is
+/// wrong, exit 1, as it is for `replay` and `verify`.
+#[test]
+fn the_log_begins_where_the_kept_history_begins_and_nowhere_else() {
+    let dir = tempdir();
+    let clock = FakeClock::new(T0);
+    let (first, last, _) = trimmed(dir.path(), &clock);
+    let all = log_json(dir.path(), &[]);
+    assert_eq!(all.first().and_then(|e| e["seq"].as_u64()), Some(first));
+    assert_eq!(all.len() as u64, last - first + 1);
+
+    let hashes = common::file_hashes(dir.path());
+    let last = last.to_string();
+    let every: [&[&str]; 3] = [&["log"], &["replay", "--seq", &last], &["verify"]];
+    let refused_by = |commands: &[&[&str]], says: &str| {
+        for &args in commands {
+            let o = berth(dir.path(), args);
+            assert_eq!(
+                o.status.code(),
+                Some(1),
+                "{args:?} ({says}): {}",
+                common::stderr(&o)
+            );
+            assert!(o.stdout.is_empty() || args[0] == "verify", "{args:?}");
+            let e = common::stderr(&o);
+            assert!(e.contains(says), "{args:?}: {e}");
+        }
+    };
+    let refused = |says: &str| refused_by(&every, says);
+    // No archive behind the cut log.
+    let archive = dir.path().join(archive::DIR);
+    let aside = dir.path().join("archive-aside");
+    std::fs::rename(&archive, &aside).expect("move the archive away");
+    refused("but the archive holds no segment, not even the newest one");
+    refused("the archive is missing");
+    std::fs::rename(&aside, &archive).expect("put it back");
+    // The base checkpoint gone.
+    let base = checkpoint::path_of(dir.path(), first - 1).expect("the base");
+    let kept = std::fs::read(&base).expect("read the base");
+    std::fs::remove_file(&base).expect("remove the base");
+    refused(&format!(
+        "{}: the state before the first event kept (event {first}) is needed, and missing",
+        base.display()
+    ));
+    std::fs::write(&base, &kept).expect("put it back");
+    // One bit flipped in the first segment's header (the file's checksum
+    // covers it): the segment is named, and why. In its first event, which
+    // says where the history begins, for every command; in its last event
+    // for those that read the archive (a replay from a checkpoint reads no
+    // segment before it).
+    let segments = archive::list(&archive).expect("segments");
+    let oldest = &segments[0].path;
+    for (at, commands) in [(13, &every[..]), (21, &[every[0], every[2]][..])] {
+        let good = std::fs::read(oldest).expect("read");
+        let mut bad = good.clone();
+        bad[at] ^= 0x02;
+        std::fs::write(oldest, &bad).expect("damage");
+        refused_by(
+            commands,
+            &format!(
+                "{}: a damaged berth archive segment (checksum mismatch",
+                oldest.display()
+            ),
+        );
+        std::fs::write(oldest, &good).expect("restore");
+    }
+    // Nothing was written: the log, replay and verify only read.
+    assert_eq!(common::file_hashes(dir.path()), hashes);
+    assert_eq!(log_json(dir.path(), &[]), all);
+}
+
+/// A retention pass does not trim an archive whose first segment's header
+/// is damaged: which checkpoint is the base is not known then. The pass
+/// fails naming the segment, and deletes nothing.
+#[test]
+fn retention_does_not_trim_around_a_damaged_segment() {
+    let dir = tempdir();
+    let clock = FakeClock::new(T0);
+    trimmed(dir.path(), &clock);
+    let archive = dir.path().join(archive::DIR);
+    let oldest = archive::list(&archive).expect("segments")[0].path.clone();
+    let mut bytes = std::fs::read(&oldest).expect("read");
+    bytes[13] ^= 0x02;
+    std::fs::write(&oldest, &bytes).expect("damage");
+    let files = |d: &std::path::Path| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(d)
+            .expect("list")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let (segments, checkpoints) = (files(&archive), files(&checkpoint::dir_of(dir.path())));
+    let store = open(dir.path(), &clock);
+    // Limits the archive is far over: every segment but the newest would go.
+    let r = Retention {
+        log_size: 8 << 10,
+        archive_size: 1,
+        ..Retention::default()
+    };
+    let e = retention::pass(&store, &r)
+        .expect_err("refused")
+        .to_string();
+    assert!(e.contains(&oldest.display().to_string()), "{e}");
+    assert!(e.contains("checksum mismatch"), "{e}");
+    assert_eq!(files(&archive), segments);
+    assert_eq!(files(&checkpoint::dir_of(dir.path())), checkpoints);
+}
+
 #[test]
 fn a_daemon_prunes_its_history_on_its_own() {
     let root = tempdir();

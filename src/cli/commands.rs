@@ -493,10 +493,20 @@ fn import(s: &Session, a: ImportArgs) -> Result<(), CliError> {
     };
     let (path, label) = match &tmp {
         Some(t) => {
-            let bytes = super::read_bytes(&a.file, "export file", berth::ops::MAX_EXPORT_FILE)?;
             let label = match from_stdin {
                 true => "standard input".to_string(),
                 false => a.file.display().to_string(),
+            };
+            // Its first bytes are checked before the rest is read.
+            let bytes = match from_stdin {
+                true => berth::ops::read_export_bytes(std::io::stdin(), None, &label)?,
+                false => {
+                    let f = std::fs::File::open(&a.file).map_err(|e| {
+                        CliError::input(format!("cannot read export file {label}: {e}"))
+                    })?;
+                    let size = f.metadata().ok().filter(|m| m.is_file()).map(|m| m.len());
+                    berth::ops::read_export_bytes(f, size, &label)?
+                }
             };
             let path = t.path().join("import.bex");
             std::fs::write(&path, &bytes)
@@ -512,6 +522,7 @@ fn import(s: &Session, a: ImportArgs) -> Result<(), CliError> {
         &label,
         &s.budget,
         &Ctx::direct(None, kinds.as_deref()),
+        now_ms(),
     )?;
     let v = s.run(Request::Import {
         path,

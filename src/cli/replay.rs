@@ -25,6 +25,10 @@ struct Page {
     next: u64,
     last: u64,
     done: bool,
+    /// With `--queue`, on a page that begins at a base checkpoint: the
+    /// tasks in that queue in its state.
+    #[serde(default)]
+    seed: Vec<u64>,
 }
 
 /// Stdout for a long output: buffered; a closed pipe (`berth log | head`)
@@ -78,7 +82,7 @@ pub fn log(s: &Session, a: LogArgs) -> Result<(), CliError> {
     }
     let mut filter = Filter::new(
         a.task,
-        a.queue,
+        a.queue.clone(),
         time_flag("since", a.since.as_deref(), now)?,
         time_flag("until", a.until.as_deref(), now)?,
     );
@@ -90,10 +94,12 @@ pub fn log(s: &Session, a: LogArgs) -> Result<(), CliError> {
         after: 0,
         to: None,
         limit: None,
+        queue: a.queue,
     };
     s.run_each(first, |v| {
         let page: Page = serde_json::from_value(v)
             .map_err(|e| CliError::runtime(format!("the log page is malformed: {e}")))?;
+        filter.seed(&page.seed);
         for e in page.entries.iter().filter(|e| filter.selects(e)) {
             let text = match json {
                 false => e.text(),
@@ -110,6 +116,7 @@ pub fn log(s: &Session, a: LogArgs) -> Result<(), CliError> {
             after: page.next,
             to: Some(page.last),
             limit: None,
+            queue: None,
         }))
     })?;
     progress.finish();

@@ -33,6 +33,7 @@ pub use replay::{LOG_PAGE, log_page, replay};
 pub use tasks::{enqueue, enqueue_batch, queue_list, task_remove, task_retry, task_show};
 pub use transfer::{
     INTERRUPTED_BY_EXPORT, MAX_EXPORT_FILE, Selection, check_import, export, import, read_export,
+    read_export_bytes,
 };
 
 /// What kind of failure an operation met; it decides the exit code and the
@@ -317,6 +318,10 @@ pub enum Request {
         to: Option<u64>,
         #[serde(default)]
         limit: Option<usize>,
+        /// `berth log --queue`: a page that begins at a base checkpoint
+        /// also names the tasks in that queue in its state (`seed`).
+        #[serde(default)]
+        queue: Option<String>,
     },
     /// The queues as they were after an event (`berth replay`): up to
     /// event `seq`, or the last event at or before `at_ms`; the end when
@@ -467,7 +472,12 @@ pub fn execute(ctx: &Ctx<'_>, req: Request) -> Result<Value, OpError> {
         } => task_output(ctx, id, attempt, stdout_from, stderr_from),
         Request::TaskCancel { id } => task_cancel(ctx, id).map(|ids| json!(ids)),
         Request::Metrics {} => metrics(ctx).map(|families| json!(families)),
-        Request::Log { after, to, limit } => log_page(ctx, after, to, limit),
+        Request::Log {
+            after,
+            to,
+            limit,
+            queue,
+        } => log_page(ctx, after, to, limit, queue.as_deref()),
         Request::Replay { seq, at_ms } => replay(ctx, seq, at_ms),
         Request::Export {
             path,

@@ -25,20 +25,36 @@ fn source_error(e: SourceError) -> OpError {
 /// `{"entries": [Entry...], "next": the last event read, "last": the last
 /// event of the log, "done": whether the page reached the end}`. A data dir
 /// that does not exist has no events.
+///
+/// The timeline begins where the history kept here begins (`Source::base`:
+/// event 1, or the event after the archive's base checkpoint; anywhere
+/// else is an error), so `after` 0 asks for it from there. With `queue`
+/// (`berth log --queue`), a page that begins at a base checkpoint also
+/// says which tasks were in that queue in the checkpoint's state (`"seed"`:
+/// their ids), since their `enqueued` and `placed` events are not kept.
 pub fn log_page(
     ctx: &Ctx<'_>,
     after: u64,
     to: Option<u64>,
     limit: Option<usize>,
+    queue: Option<&str>,
 ) -> Result<Value, OpError> {
     let limit = limit.unwrap_or(LOG_PAGE).clamp(1, LOG_PAGE);
     let Some(store) = ctx.store else {
         return Ok(json!({"entries": [], "next": after, "last": 0, "done": true}));
     };
     let source = Source::of_store(store).map_err(source_error)?;
-    // The timeline begins with the first event kept.
-    let first = source.first_seq().map_err(source_error)?.unwrap_or(1);
-    let after = after.max(first.saturating_sub(1));
+    let base = source.base().map_err(source_error)?;
+    let after = match after {
+        0 => base,
+        // A later page, of a history retention has since trimmed.
+        a if a < base => return Err(source_error(SourceError::Trimmed { after: a, base })),
+        a => a,
+    };
+    let seed = match queue {
+        Some(q) if after == base && base > 0 => seed(store.dir(), base, q)?,
+        _ => Vec::new(),
+    };
     let last = to.unwrap_or(u64::MAX).min(source.last_seq());
     let mut entries = Vec::new();
     let (next, flow) = source
@@ -54,7 +70,26 @@ pub fn log_page(
         })
         .map_err(source_error)?;
     let done = flow == Flow::Continue || next >= last;
-    Ok(json!({"entries": entries, "next": next, "last": last, "done": done}))
+    let mut page = json!({"entries": entries, "next": next, "last": last, "done": done});
+    if !seed.is_empty() {
+        page["seed"] = json!(seed);
+    }
+    Ok(page)
+}
+
+/// The ids of the tasks in `queue` in the state of the checkpoint of
+/// event `base` (live and finished: a finished task's `removed` event may
+/// follow).
+fn seed(dir: &std::path::Path, base: u64, queue: &str) -> Result<Vec<u64>, OpError> {
+    let path = crate::checkpoint::dir_of(dir).join(crate::checkpoint::file_name(base));
+    let snap = crate::checkpoint::read(&path).map_err(|e| source_error(SourceError::Archive(e)))?;
+    let m = &snap.model;
+    Ok(m.live
+        .values()
+        .chain(m.history.values())
+        .filter(|t| t.queue == queue)
+        .map(|t| t.id)
+        .collect())
 }
 
 /// The queues after the last event up to event `seq`, or at or before

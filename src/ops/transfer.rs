@@ -345,21 +345,78 @@ pub const MAX_EXPORT_FILE: u64 = transfer::MAX_RAW_BYTES + (64 << 20);
 /// no export file.
 pub fn read_export(path: &Path, name: &str) -> Result<Export, OpError> {
     use std::os::unix::fs::OpenOptionsExt;
-    let bytes = std::fs::OpenOptions::new()
+    let cannot = |e: std::io::Error| OpError::input(format!("cannot read {name}: {e}"));
+    let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
         .open(path)
-        .and_then(|f| {
-            if let Some(what) = frame::file_kind(f.metadata()?.file_type()) {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::InvalidInput,
-                    format!("it is {what}, not a regular file"),
-                ));
-            }
-            frame::read_file_capped(f, MAX_EXPORT_FILE)
-        })
-        .map_err(|e| OpError::input(format!("cannot read {name}: {e}")))?;
+        .map_err(cannot)?;
+    let meta = f.metadata().map_err(cannot)?;
+    if let Some(what) = frame::file_kind(meta.file_type()) {
+        return Err(cannot(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("it is {what}, not a regular file"),
+        )));
+    }
+    let bytes = read_export_bytes(f, Some(meta.len()), name)?;
     transfer::decode(&bytes).map_err(|e| OpError::input(format!("{name}: {e}")))
+}
+
+/// An export file's bytes from `r` (`size`: its length, when it is a
+/// regular file), at most [`MAX_EXPORT_FILE`]. Its first bytes are checked
+/// before the rest is read (`transfer::check_start`: the magic, the
+/// version, the flags, the node name's length), so that what is no export
+/// (`/dev/zero`, another file, a stream) is refused at once and not once
+/// up to the largest export has been read into memory. Errors name it
+/// (`name`) and are bad input.
+pub fn read_export_bytes(
+    mut r: impl std::io::Read,
+    size: Option<u64>,
+    name: &str,
+) -> Result<Vec<u8>, OpError> {
+    use std::io::Read;
+    let cannot = |e: std::io::Error| OpError::input(format!("cannot read {name}: {e}"));
+    let too_big = || {
+        cannot(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {}", format_size(MAX_EXPORT_FILE)),
+        ))
+    };
+    if size.is_some_and(|n| n > MAX_EXPORT_FILE) {
+        return Err(too_big());
+    }
+    let mut start = Vec::with_capacity(transfer::START);
+    (&mut r)
+        .take(transfer::START as u64)
+        .read_to_end(&mut start)
+        .map_err(cannot)?;
+    transfer::check_start(&start).map_err(|e| OpError::input(format!("{name}: {e}")))?;
+    let left = MAX_EXPORT_FILE - start.len() as u64;
+    let bytes = match size {
+        // A regular file: read into one buffer of its size (it may have
+        // grown since: still never past the cap).
+        Some(n) => {
+            let mut bytes = start;
+            bytes.reserve_exact((n as usize).saturating_sub(bytes.len()) + 1);
+            r.take(left.saturating_add(1))
+                .read_to_end(&mut bytes)
+                .map_err(cannot)?;
+            bytes
+        }
+        None => {
+            let rest = frame::read_capped(r, left).map_err(|e| match e.kind() {
+                std::io::ErrorKind::InvalidData => too_big(),
+                _ => cannot(e),
+            })?;
+            let mut bytes = start;
+            bytes.extend_from_slice(&rest);
+            bytes
+        }
+    };
+    if bytes.len() as u64 > MAX_EXPORT_FILE {
+        return Err(too_big());
+    }
+    Ok(bytes)
 }
 
 /// The spec a task would have been enqueued with (its payload aside), for
@@ -400,24 +457,61 @@ fn readable(what: &'static str, b: &Blob, budget: &Budget) -> Result<(), BudgetE
         })
 }
 
+/// The latest time a task in an export made at `created_at` may hold,
+/// read at `now_ms`: 100 years (`units::MAX_DURATION`, the longest
+/// duration berth takes: a backoff, a delay, a TTL) after the file was
+/// made, or after now if the file says it was made later. Every time berth
+/// records is the clock's time when it is written (`queued_at`,
+/// `started_at`, `finished_at`), or that plus such a duration
+/// (`retry_at`), so a later one was not written by berth: a `retry_at` of
+/// `u64::MAX` would keep its queue asleep for good.
+pub fn latest_time(created_at: u64, now_ms: u64) -> u64 {
+    let longest = crate::units::MAX_DURATION.as_millis() as u64;
+    created_at.min(now_ms).saturating_add(longest)
+}
+
+/// A task's time that is later than [`latest_time`]: its field's name and
+/// value.
+fn too_late(t: &Task, latest: u64) -> Option<(&'static str, u64)> {
+    [
+        ("queued_at", Some(t.queued_at)),
+        ("started_at", t.started_at),
+        ("finished_at", t.finished_at),
+        ("retry_at", t.retry_at),
+    ]
+    .into_iter()
+    .find_map(|(field, v)| v.filter(|v| *v > latest).map(|v| (field, v)))
+}
+
 /// Checks everything an import needs before it writes: every task's
-/// names and text (the rules of an enqueue), its kind (when `ctx` knows
-/// the kinds that can run; a group parent's never runs), its record and blobs against `budget`, and
-/// that all of it fits in one commit. Errors name the file (`name`) and
-/// the task, and are bad input.
+/// names and text (the rules of an enqueue), its times (at most
+/// `latest_time` at `now_ms`), its kind (when `ctx` knows the kinds that
+/// can run; a group parent's never runs), its record and blobs against
+/// `budget`, and that all of it fits in one commit. Errors name the file
+/// (`name`) and the task, and are bad input.
 pub fn check_import(
     export: &Export,
     name: &str,
     budget: &Budget,
     ctx: &Ctx<'_>,
+    now_ms: u64,
 ) -> Result<(), OpError> {
     let mut commit = 0usize;
+    let latest = latest_time(export.created_at, now_ms);
     for e in &export.tasks {
         let t = &e.task;
         let at = format!("{name}: task {} ({} {}): ", t.id, t.kind, t.name);
         let spec = spec_of(t);
         spec.validate()
             .map_err(|err| OpError::input(format!("{at}{err}")))?;
+        if let Some((field, v)) = too_late(t, latest) {
+            return Err(OpError::input(format!(
+                "{at}its {field} is {v} ms since the epoch, after {}: no time berth records is \
+                 more than 100 years after the file was made (or after now, for a file that \
+                 says it was made later)",
+                crate::units::format_time(latest)
+            )));
+        }
         // A group parent never runs (its children do): its kind needs no handler.
         if t.children.is_empty() {
             ctx.check_kinds(std::slice::from_ref(&spec), false)
@@ -517,7 +611,7 @@ pub fn import(ctx: &Ctx<'_>, path: &Path, label: Option<&str>) -> Result<Value, 
     let store = ctx
         .store
         .ok_or_else(|| OpError::runtime("the data dir does not exist"))?;
-    check_import(&export, &name, store.budget(), ctx)?;
+    check_import(&export, &name, store.budget(), ctx, store.clock().now_ms())?;
     let by_id: HashMap<u64, &Exported> = export.tasks.iter().map(|e| (e.task.id, e)).collect();
     let mut w = store.write();
     let new_id: BTreeMap<u64, u64> = export
