@@ -1,6 +1,7 @@
 //! The object size budget (frameworkcontroller's LargeFrameworkCompression):
 //! a payload or result whose JSON is at least `compress_over` bytes is kept
-//! gzip-compressed; a record larger than `max_object` is refused; reading a
+//! gzip-compressed; a payload, a result, or a record without its result
+//! larger than `max_object` is refused ([`check_record`]); reading a
 //! compressed blob never inflates past `max_decompressed`, and nothing whose
 //! JSON is larger than that is stored. A handler's result that does not fit
 //! becomes a `truncated` marker ([`Budget::result_blob`]).
@@ -195,6 +196,41 @@ pub enum BudgetError {
     BadGzip { what: &'static str, reason: String },
     #[error("{what} is not valid JSON: {reason}")]
     BadJson { what: &'static str, reason: String },
+}
+
+/// Checks a task's record of `record_len` encoded bytes against
+/// `max_object` as the engine keeps it: the record without its result (as
+/// it was enqueued: its fields and payload together) and the result on its
+/// own (as [`Budget::result_blob`] made it). A finished task's record,
+/// which holds both, may be up to about twice `max_object`: whatever the
+/// engine stored passes here, so an export of it imports again.
+pub fn check_record(
+    budget: &Budget,
+    record_len: usize,
+    payload_compressed: bool,
+    result: Option<&Blob>,
+) -> Result<(), BudgetError> {
+    let result_len = result.map_or(0, |r| r.bytes.len());
+    if let Some(r) = result
+        && result_len > budget.max_object
+    {
+        return Err(BudgetError::TooLarge {
+            what: "result",
+            size: result_len,
+            compressed: r.compressed,
+            budget: budget.max_object,
+        });
+    }
+    let size = record_len.saturating_sub(result_len);
+    if size > budget.max_object {
+        return Err(BudgetError::TooLarge {
+            what: "record",
+            size,
+            compressed: payload_compressed,
+            budget: budget.max_object,
+        });
+    }
+    Ok(())
 }
 
 /// "SIZE[ after compression]; the LIMIT_NAME is LIMIT", the two sizes in

@@ -1487,3 +1487,99 @@ fn a_daemon_imports_what_it_could_not_open_by_its_path_through_a_copy() {
     let (status, _) = d.wait_exit(Duration::from_secs(30));
     assert!(status.success(), "{status:?}");
 }
+
+/// A finished task whose payload and result each fit `max_object` but do
+/// not fit it together (a handler that echoes its payload) is what the
+/// engine stores: a backup of it (`export --history`) imports again, into
+/// a fresh data dir, with its result. An object over the budget on its own
+/// is still refused.
+#[test]
+fn a_backup_of_a_task_that_echoed_a_large_payload_imports_again() {
+    let root = tempdir();
+    let cfg = |name: &str| -> PathBuf {
+        let p = root.path().join(format!("{name}.toml"));
+        std::fs::write(
+            &p,
+            format!(
+                "data_dir = \"{name}\"\n[budget]\nmax_object = \"64KiB\"\ncompress_over = \
+                 \"32KiB\"\n[handlers.Echo]\ncommand = [\"cat\"]\n"
+            ),
+        )
+        .expect("config");
+        p
+    };
+    let (a, b) = (cfg("a"), cfg("b"));
+    // 100 KiB of hex digits from a xorshift: about 55 KiB gzip-compressed,
+    // under 64 KiB alone and over it twice.
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let digits: String = (0..100 * 1024)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            char::from_digit((x % 16) as u32, 16).unwrap_or('0')
+        })
+        .collect();
+    let payload = root.path().join("payload.json");
+    std::fs::write(&payload, serde_json::json!(digits).to_string()).expect("payload");
+    let payload_arg = payload.to_str().expect("utf-8");
+    ok(
+        &berth_cfg(
+            &a,
+            &[
+                "enqueue",
+                "--queue",
+                "main",
+                "--kind",
+                "Echo",
+                "--name",
+                "big",
+                "--payload-file",
+                payload_arg,
+            ],
+        ),
+        "enqueue",
+    );
+    ok(&berth_cfg(&a, &["run", "--until-idle"]), "run");
+    let shown = |cfg: &Path| -> serde_json::Value {
+        let o = berth_cfg(cfg, &["task", "show", "1", "-o", "json"]);
+        ok(&o, "task show");
+        serde_json::from_str(&stdout(&o)).expect("json")
+    };
+    let done = shown(&a);
+    assert_eq!(done["status"], "succeeded");
+    assert_eq!(
+        done["result"],
+        serde_json::json!(digits),
+        "the result is the payload"
+    );
+    let file = root.path().join("backup.bex");
+    let file_arg = file.to_str().expect("utf-8");
+    ok(
+        &berth_cfg(&a, &["export", "-o", file_arg, "--history"]),
+        "export",
+    );
+    ok(&berth_cfg(&b, &["import", file_arg]), "import");
+    let back = shown(&b);
+    assert_eq!(back["status"], "succeeded");
+    assert_eq!(back["result"], done["result"]);
+    assert_eq!(back["payload"], done["payload"]);
+    let o = berth_cfg(&b, &["verify"]);
+    ok(&o, "verify");
+    // With a smaller budget, what is over it is refused, naming the task.
+    let small = root.path().join("small.toml");
+    std::fs::write(
+        &small,
+        "data_dir = \"c\"\n[budget]\nmax_object = \"40KiB\"\ncompress_over = \"32KiB\"\n\
+         [handlers.Echo]\ncommand = [\"cat\"]\n",
+    )
+    .expect("config");
+    let o = berth_cfg(&small, &["import", file_arg]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("after compression; the object budget is 40 KiB"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!root.path().join("c").exists(), "no data dir made");
+}

@@ -518,15 +518,8 @@ pub fn check_import(
                 .map_err(|err| err.context(&at))?;
         }
         let size = codec::encoded_len(t);
-        if size > budget.max_object {
-            let err = BudgetError::TooLarge {
-                what: "record",
-                size,
-                compressed: t.payload.compressed,
-                budget: budget.max_object,
-            };
-            return Err(OpError::input(format!("{at}{err}")));
-        }
+        crate::budget::check_record(budget, size, t.payload.compressed, t.result.as_ref())
+            .map_err(|err| OpError::input(format!("{at}{err}")))?;
         readable("payload", &t.payload, budget)
             .map_err(|err| OpError::input(format!("{at}{err}")))?;
         if let Some(r) = &t.result {

@@ -346,16 +346,13 @@ impl<'s> WriteTxn<'s> {
             });
         }
         task.status = Status::Queued;
-        let size = codec::encoded_len(&task);
-        let budget = self.store.budget().max_object;
-        if size > budget {
-            return Err(WriteError::Budget(crate::budget::BudgetError::TooLarge {
-                what: "record",
-                size,
-                compressed: task.payload.compressed,
-                budget,
-            }));
-        }
+        crate::budget::check_record(
+            self.store.budget(),
+            codec::encoded_len(&task),
+            task.payload.compressed,
+            task.result.as_ref(),
+        )
+        .map_err(WriteError::Budget)?;
         let id = task.id;
         if let Some(p) = placement {
             self.place_in_order(&task.queue.clone(), id, p)?;
