@@ -411,6 +411,29 @@ fn a_batch_with_one_bad_entry_writes_nothing_and_names_it() {
     assert_eq!(s.queue_ids("main"), ids);
 }
 
+/// A group of `names` in `main`, each child placed in a parallel queue of
+/// its own, the first two started: (the parent, the children).
+fn group_with_two_running(s: &Store, names: &[&str]) -> (u64, std::sync::Arc<[u64]>) {
+    let specs = names
+        .iter()
+        .map(|n| berth::task::TaskSpec {
+            weight: Some(1),
+            ..spec("main", n)
+        })
+        .collect();
+    let parent = submit::enqueue_batch(s, specs).unwrap()[0];
+    let children = s.task(parent).unwrap().unwrap().children;
+    let mut w = s.write();
+    for (i, &c) in children.iter().enumerate() {
+        w.place(c, &format!("parallel_queue_{i}"), Placement::Last)
+            .unwrap();
+    }
+    w.start(children[0]).unwrap();
+    w.start(children[1]).unwrap();
+    w.commit().unwrap();
+    (parent, children)
+}
+
 /// A group child running at a crash counts on its parent in recovery's own
 /// commit, whoever opens the dir next: a command with no engine at all
 /// (here a bare open) leaves the parent with the failure and its error
@@ -422,23 +445,7 @@ fn a_child_running_at_a_crash_counts_on_its_parent_at_any_open() {
     let (parent, children);
     {
         let s = open(dir.path(), &clock);
-        let specs = ["echo", "mcplay", "upmeter"]
-            .iter()
-            .map(|n| berth::task::TaskSpec {
-                weight: Some(1),
-                ..spec("main", n)
-            })
-            .collect();
-        parent = submit::enqueue_batch(&s, specs).unwrap()[0];
-        children = s.task(parent).unwrap().unwrap().children;
-        let mut w = s.write();
-        for (i, &c) in children.iter().enumerate() {
-            w.place(c, &format!("parallel_queue_{i}"), Placement::Last)
-                .unwrap();
-        }
-        w.start(children[0]).unwrap();
-        w.start(children[1]).unwrap();
-        w.commit().unwrap();
+        (parent, children) = group_with_two_running(&s, &["echo", "mcplay", "upmeter"]);
         // Dropping the store with two children running is what a crash
         // leaves on disk.
     }
@@ -476,23 +483,7 @@ fn a_group_cancel_under_way_at_a_crash_ends_at_the_next_open() {
     let (parent, children);
     {
         let s = open(dir.path(), &clock);
-        let specs = ["r1", "r2", "r3"]
-            .iter()
-            .map(|n| berth::task::TaskSpec {
-                weight: Some(1),
-                ..spec("main", n)
-            })
-            .collect();
-        parent = submit::enqueue_batch(&s, specs).unwrap()[0];
-        children = s.task(parent).unwrap().unwrap().children;
-        let mut w = s.write();
-        for (i, &c) in children.iter().enumerate() {
-            w.place(c, &format!("parallel_queue_{i}"), Placement::Last)
-                .unwrap();
-        }
-        w.start(children[0]).unwrap();
-        w.start(children[1]).unwrap();
-        w.commit().unwrap();
+        (parent, children) = group_with_two_running(&s, &["r1", "r2", "r3"]);
         let (r1, r2) = (children[0], children[1]);
         let mut w = s.write();
         let c = w.cancel(parent, &|x| x == r1 || x == r2).unwrap();
