@@ -14,6 +14,31 @@ use common::{berth, stderr, stdout, tempdir, wait_for};
 
 const HOOK: &str = "#!/bin/sh\ncat >/dev/null\nwhile [ ! -e never ]; do sleep 0.05; done\n";
 
+/// `queue list -o json --watch --interval 50ms` on `dir`, and its lines as
+/// they come.
+fn json_watch(dir: &std::path::Path) -> (std::process::Child, mpsc::Receiver<String>) {
+    let mut watch = Command::new(common::berth_bin())
+        .arg("--data-dir")
+        .arg(dir)
+        .args([
+            "queue",
+            "list",
+            "-o",
+            "json",
+            "--watch",
+            "--interval",
+            "50ms",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("watch");
+    let (tx, frames) = mpsc::channel();
+    let out = watch.stdout.take().expect("stdout");
+    std::thread::spawn(move || common::forward_lines(out, tx));
+    (watch, frames)
+}
+
 #[test]
 fn watch_goes_on_while_a_daemon_starts_and_stops() {
     let root = tempdir();
@@ -33,25 +58,7 @@ fn watch_goes_on_while_a_daemon_starts_and_stops() {
         .status
         .success()
     );
-    let mut watch = Command::new(common::berth_bin())
-        .arg("--data-dir")
-        .arg(&dir)
-        .args([
-            "queue",
-            "list",
-            "-o",
-            "json",
-            "--watch",
-            "--interval",
-            "50ms",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("watch");
-    let (tx, frames) = mpsc::channel();
-    let out = watch.stdout.take().expect("stdout");
-    std::thread::spawn(move || common::forward_lines(out, tx));
+    let (mut watch, frames) = json_watch(&dir);
     let main_status = |line: &str| {
         let v: serde_json::Value = serde_json::from_str(line).expect("a JSON frame per line");
         v["active"][0]["status"]
@@ -89,25 +96,7 @@ fn watch_goes_on_while_a_daemon_starts_and_stops() {
 fn a_json_watch_writes_its_errors_as_json() {
     let root = tempdir();
     let dir = root.path().join("data");
-    let mut watch = Command::new(common::berth_bin())
-        .arg("--data-dir")
-        .arg(&dir)
-        .args([
-            "queue",
-            "list",
-            "-o",
-            "json",
-            "--watch",
-            "--interval",
-            "50ms",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("watch");
-    let (tx, frames) = mpsc::channel();
-    let out = watch.stdout.take().expect("stdout");
-    std::thread::spawn(move || common::forward_lines(out, tx));
+    let (mut watch, frames) = json_watch(&dir);
     let next = || -> serde_json::Value {
         let line = frames
             .recv_timeout(Duration::from_secs(20))
