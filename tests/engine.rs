@@ -432,6 +432,42 @@ fn status_of(e: &Engine, queue: &str) -> String {
         .unwrap_or_default()
 }
 
+/// After a restart a head waiting for its retry shows the delay its
+/// failure set, not only what is left of it (the record keeps only the
+/// retry's time).
+#[test]
+fn a_restarted_queue_shows_the_whole_backoff_of_its_head() {
+    let s = setup(FakeClock::new(T0));
+    let mut h = Handlers::new();
+    h.register("ModuleRun", |_: &TaskContext| Outcome::fail("boom"));
+    let e = engine(&s, h, EngineConfig::default());
+    let id = e.enqueue(spec("main", "flaky"), Placement::Last).unwrap();
+    let stop = e.stop_handle();
+    std::thread::scope(|sc| {
+        let runner = sc.spawn(|| e.run());
+        let _release = Release(Gate::default(), stop.clone());
+        wait_for("the failure", || {
+            s.store.task(id).unwrap().unwrap().failures == 1
+        });
+        stop.stop();
+        runner.join().unwrap().unwrap();
+    });
+    drop(e);
+    s.clock.advance_ms(2_000);
+    // Another engine on the same store, as after a restart.
+    let e = engine(&s, Handlers::new(), EngineConfig::default());
+    let stop = e.stop_handle();
+    std::thread::scope(|sc| {
+        let runner = sc.spawn(|| e.run());
+        let _release = Release(Gate::default(), stop.clone());
+        wait_for("the status", || {
+            status_of(&e, "main") == "sleep after fail for 5s (3s left of 5s delay)"
+        });
+        stop.stop();
+        runner.join().unwrap().unwrap();
+    });
+}
+
 #[test]
 fn statuses_follow_what_each_queue_does() {
     // A clock that moves only by hand, an engine running on its own thread.

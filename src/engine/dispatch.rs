@@ -57,7 +57,7 @@ impl Scheduler {
         loop {
             let mut grouped = false;
             for name in self.in_turn(w.queues()) {
-                let Some(task) = self.ready_head(w, &name, now)? else {
+                let Some(task) = self.ready_head(w, env, &name, now)? else {
                     continue;
                 };
                 let q = self.queue(&name);
@@ -97,6 +97,7 @@ impl Scheduler {
     fn ready_head(
         &mut self,
         w: &mut WriteTxn<'_>,
+        env: &StepEnv<'_>,
         name: &str,
         now: u64,
     ) -> Result<Option<Task>, WriteError> {
@@ -137,9 +138,14 @@ impl Scheduler {
             q.sleep_until = at;
             q.sleep_for = Some(task.id);
             if task.failures > 0 && q.activity_after.is_none() {
+                // The delay its failure set (the record keeps only its
+                // end): the backoff's for that many failures without its
+                // jitter (under a second), or what is left if that is more.
+                let left = at - now;
+                let delay = env.config.backoff.delay(task.failures, 0).as_millis() as u64;
                 q.activity_after = Some(QueueActivity::SleepAfterFail {
                     until_ms: at,
-                    total_ms: at - now,
+                    total_ms: delay.max(left),
                 });
             }
             return Ok(None);
