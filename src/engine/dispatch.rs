@@ -114,7 +114,9 @@ impl Scheduler {
             let q = self.queue(name);
             (q.sleep_until > now, q.sleep_for)
         };
-        if sleeping && owner.is_none() {
+        // Still its owner's sleep when the owner is still the first task
+        // (no record read; one put ahead is read below).
+        if sleeping && (owner.is_none() || owner == w.head(name)) {
             return Ok(None);
         }
         let Some(task) = self.head_for_this_node(w, name)? else {
